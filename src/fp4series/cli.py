@@ -1,0 +1,54 @@
+"""Thin command-line front end: each subcommand lives in the module that implements it.
+
+Every module in ``COMMAND_MODULES`` exposes ``register(subparsers) -> None``, which adds its
+subparser(s) and sets ``func`` (a callable taking the parsed namespace and returning an exit code).
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import sys
+from collections.abc import Sequence
+
+from fp4series.errors import SeriesError
+
+COMMAND_MODULES = (
+    "fp4series.upstream",  # fetch / materialize / resolve-commit
+    "fp4series.apply",  # apply [--check]
+    "fp4series.export",  # export
+    "fp4series.lint",  # lint (patch linter, pre-commit hook)
+    "fp4series.build",  # build
+    "fp4series.rebase_check",  # rebase-check
+    "fp4series.split",  # split, overlap
+    "fp4series.report",  # check-reports
+)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="fp4series", description=__doc__)
+    subparsers = parser.add_subparsers(dest="command", required=True)
+    for name in COMMAND_MODULES:
+        try:
+            module = importlib.import_module(name)
+        except ModuleNotFoundError as exc:
+            if exc.name == name:  # module not written yet
+                continue
+            raise
+        module.register(subparsers)
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    try:
+        return int(args.func(args))
+    except SeriesError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        if exc.hint:
+            print(f"  what to do: {exc.hint}", file=sys.stderr)
+        return exc.exit_code
+
+
+if __name__ == "__main__":
+    sys.exit(main())
