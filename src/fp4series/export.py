@@ -1,0 +1,204 @@
+"""Regenerate patches/*.patch and patches/series from the commits on top of the pin, byte-stable.
+
+Patches are edited as commits on a materialized (or cloned) pin; export writes them back.
+Every git option that could make the output depend on the user's config is fixed here, the
+commit id in the "From" line is zeroed, and file names keep their stem when the subject is
+unchanged, so apply -> export leaves `git diff --exit-code patches/` empty.
+
+Public API (stable):
+    export_series(checkout, patches_dir, *, base=None, lock=None, cache_dir=None,
+                  progress=None) -> list[Path]
+        base: a revision (default: the lock's tag if the checkout has it, else the base the
+        wheel RECORD proves). Writes NNNN-<stem>.patch per commit base..HEAD, rewrites the
+        series file (its leading comment block kept) and removes *.patch no longer in range.
+    format_patch(repo, commit) -> bytes       one commit in the series' exact patch form
+    patch_stem(subject) -> str                file stem for a new subject
+    FORMAT_PATCH_ARGS, GIT_CONFIG_OVERRIDES
+CLI: export CHECKOUT [--base REV]
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import re
+from pathlib import Path
+
+from git import Repo
+
+from fp4series import gitops, paths
+from fp4series.errors import SeriesError
+from fp4series.lock import Lock, load_lock
+from fp4series.progress import Progress
+from fp4series.series import SERIES_FILE, load_series, parse_patch, read_series_names
+from fp4series.verify import find_base
+
+FORMAT_PATCH_ARGS = (
+    "--stdout",
+    "--zero-commit",
+    "--no-signature",
+    "--no-stat",
+    "--full-index",
+    "--no-numbered",
+    "--subject-prefix=PATCH",
+    "--no-renames",
+    "--diff-algorithm=myers",
+    "--indent-heuristic",
+    "--no-color",
+    "--no-ext-diff",
+    "--no-textconv",
+    "--src-prefix=a/",
+    "--dst-prefix=b/",
+    "--no-attach",
+    "--no-thread",
+    "--encode-email-headers",
+    "--no-notes",
+    "--no-to",
+    "--no-cc",
+    "--no-add-header",
+    "-O/dev/null",
+)
+GIT_CONFIG_OVERRIDES = (
+    "format.signOff=false",
+    "format.forceInBodyFrom=false",
+    "diff.noprefix=false",
+    "diff.mnemonicPrefix=false",
+    "diff.relative=false",
+    "diff.suppressBlankEmpty=false",
+    "core.quotePath=true",
+)
+_NAME = re.compile(r"^\d{4}-(.+)\.patch$")
+
+
+def format_patch(repo: Repo, commit: str) -> bytes:
+    cmd = ["git"]
+    for item in GIT_CONFIG_OVERRIDES:
+        cmd += ["-c", item]
+    cmd += ["format-patch", *FORMAT_PATCH_ARGS, "-1", commit]
+    out = repo.git.execute(cmd, stdout_as_string=False, strip_newline_in_stdout=False)
+    assert isinstance(out, bytes)
+    return out
+
+
+def patch_stem(subject: str) -> str:
+    text = re.sub(r"^(\s*\[[^\]]*\]\s*)+", "", subject)
+    stem = re.sub(r"[^a-z0-9]+", "-", text.lower()).strip("-")
+    return stem[:60].rstrip("-") or "patch"
+
+
+def _existing_stems(patches_dir: Path) -> dict[str, str]:
+    stems: dict[str, str] = {}
+    for path in sorted(patches_dir.glob("*.patch")):
+        m = _NAME.match(path.name)
+        if not m:
+            continue
+        try:
+            stems.setdefault(parse_patch(path).subject, m.group(1))
+        except SeriesError:
+            continue  # a broken patch is about to be replaced anyway
+    return stems
+
+
+def _series_header(patches_dir: Path) -> list[str]:
+    series = patches_dir / SERIES_FILE
+    if not series.exists():
+        return []
+    header = []
+    for line in series.read_text(encoding="utf-8").splitlines():
+        if line.strip() and not line.lstrip().startswith("#"):
+            break
+        header.append(line)
+    return header
+
+
+def _write(path: Path, data: bytes) -> None:
+    tmp = path.with_name(f".{path.name}.tmp")
+    tmp.write_bytes(data)
+    os.replace(tmp, path)
+
+
+def _resolve_base(repo: Repo, base: str | None, lock: Lock, patches_dir: Path, cache: Path | None):
+    if base:
+        try:
+            return repo.commit(base).hexsha
+        except Exception:
+            raise SeriesError(
+                f"{repo.working_tree_dir} has no revision {base}",
+                hint="pass --base with the pin's tag or commit",
+            ) from None
+    try:
+        patches = load_series(patches_dir)
+    except SeriesError:
+        patches = []
+    return find_base(repo, lock, patches, cache_dir=cache).commit
+
+
+def export_series(
+    checkout: Path | str,
+    patches_dir: Path | str,
+    *,
+    base: str | None = None,
+    lock: Lock | None = None,
+    cache_dir: Path | None = None,
+    progress: Progress | None = None,
+) -> list[Path]:
+    """Write one patch per commit base..HEAD into PATCHES_DIR and rewrite its series file."""
+    progress = progress or Progress()
+    patches_dir = Path(patches_dir)
+    repo = gitops.open_repo(checkout)
+    gitops.require_clean(repo)
+    lock = lock or load_lock(paths.default_lock_path())
+    base_sha = _resolve_base(repo, base, lock, patches_dir, cache_dir)
+    commits = list(repo.iter_commits(f"{base_sha}..HEAD", reverse=True))
+    merges = [c for c in commits if len(c.parents) > 1]
+    if merges:
+        raise SeriesError(
+            f"merge commit {merges[0].hexsha[:12]} in {base_sha[:12]}..HEAD; a series is linear",
+            hint="rebase your work onto the pin without merges (git rebase BASE)",
+        )
+    with progress.step(f"export {len(commits)} commit(s) from {base_sha[:12]}..HEAD"):
+        patches_dir.mkdir(parents=True, exist_ok=True)
+        stems = _existing_stems(patches_dir)
+        names: list[str] = []
+        written: list[Path] = []
+        for i, commit in enumerate(commits, start=1):
+            stem = stems.get(commit.summary) or patch_stem(commit.summary)
+            name = f"{i:04d}-{stem}.patch"
+            if name in names:
+                raise SeriesError(f"two commits would both be written as {name}")
+            names.append(name)
+            path = patches_dir / name
+            _write(path, format_patch(repo, commit.hexsha))
+            written.append(path)
+            progress.info(name)
+        for stale in sorted(patches_dir.glob("*.patch")):
+            if stale.name not in names:
+                stale.unlink()
+                progress.info(f"removed {stale.name}")
+        lines = _series_header(patches_dir) + names
+        _write(patches_dir / SERIES_FILE, ("\n".join(lines) + "\n").encode() if lines else b"")
+    if read_series_names(patches_dir) != names:
+        raise SeriesError("internal: the series file does not list what was exported")
+    return written
+
+
+def _cmd_export(args: argparse.Namespace) -> int:
+    written = export_series(
+        args.checkout,
+        args.patches,
+        base=args.base,
+        lock=load_lock(args.lock),
+        cache_dir=args.cache_dir,
+    )
+    print(f"exported {len(written)} patch(es) to {args.patches}")
+    return 0
+
+
+def register(subparsers: argparse._SubParsersAction) -> None:
+    p = subparsers.add_parser("export", help="regenerate patches/ from commits on top of the pin")
+    p.add_argument("checkout", type=Path)
+    p.add_argument("--base", help="the pin revision (default: the lock's tag, else RECORD check)")
+    p.add_argument("--patches", type=Path, default=paths.default_patches_dir())
+    p.add_argument("--lock", type=Path, default=paths.default_lock_path())
+    p.add_argument("--cache-dir", type=Path, default=paths.default_cache_dir())
+    p.set_defaults(func=_cmd_export)
