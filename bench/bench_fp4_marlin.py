@@ -1,0 +1,575 @@
+"""FP4 (NVFP4) Marlin of the patched pin against bf16 cuBLAS, INT4 GPTQ Marlin, the HBM roofline
+and upstream SGLang 0.5.23's FP4 Marlin, all measured in one run on one GPU.
+
+Method (what bench.md states):
+* Weights rotate over enough copies that each rotation covers >= 3x the L2 size, so every
+  timed call streams its weight from HBM (activations are one tensor per M: small).
+* One CUDA graph per (method, shape, M) holds ``calls`` back-to-back calls cycling through the
+  copies; each replay is timed with CUDA events; per-call time = replay time / calls.
+  We report the MEDIAN over ``--replays`` replays (the best is kept as ``*_best_us``).
+* Roofline: (N*K/2 + N*K/16 + 2*M*K + 2*M*N) bytes / device-to-device copy bandwidth measured
+  at the start of the same run (bytes read + written).
+* INT4: the pin's ``gptq_marlin_gemm`` with ``uint4b8``, group size 128 (GPTQ as run today).
+* Upstream 0.5.23: its own ``gptq_marlin_gemm`` wrapper and JIT module (``sglang.kernels``),
+  run in a subprocess with the 0.5.23 tree on PYTHONPATH, on the same Marlin-layout tensors
+  (the layouts agree since 0.5.13) and with 0.5.23's call flags (fp32 reduce, atomic-add rule).
+* MoE: one layer, E=64, top-8, hidden 2048, intermediate 1408, through the real ModelOpt NVFP4
+  MoE method (Marlin runner), INT4 via ``fused_marlin_moe`` (uint4b8, group 128), bf16 via
+  ``torch._grouped_mm``; routing differs per call so the set of touched experts rotates.
+
+Usage: python bench/bench_fp4_marlin.py --out reports/h200 [--upstream-tree DIR] [--no-moe]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import Any
+
+import torch
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO / "tests" / "gpu"))
+sys.path.insert(0, str(REPO / "src"))
+
+MS = (1, 2, 4, 8, 16, 32, 64, 128, 256, 1024)
+# name -> (N, K): Llama-3.1-8B and -70B projections at TP=1.
+SHAPES: dict[str, tuple[int, int]] = {
+    "qkv_8b": (6144, 4096),
+    "o_8b": (4096, 4096),
+    "gate_up_8b": (28672, 4096),
+    "down_8b": (4096, 14336),
+    "qkv_70b": (10240, 8192),
+    "o_70b": (8192, 8192),
+    "gate_up_70b": (57344, 8192),
+    "down_70b": (8192, 28672),
+}
+MOE = {"e": 64, "topk": 8, "hidden": 2048, "inter": 1408}
+INT4_GROUP = 128
+DTYPE = torch.bfloat16
+
+
+# ----------------------------------------------------------------------------- timing
+
+
+def l2_bytes() -> int:
+    props = torch.cuda.get_device_properties(0)
+    return int(getattr(props, "L2_cache_size", 0) or 60 * 2**20)
+
+
+def copies_for(bytes_per_copy: int) -> int:
+    """Weight copies so that one rotation covers >= 3x L2 (at least 2)."""
+    return max(2, math.ceil(3 * l2_bytes() / max(bytes_per_copy, 1)))
+
+
+def time_graph(calls: Sequence[Callable[[], Any]], replays: int) -> tuple[float, float]:
+    """(median, best) microseconds per call of a CUDA graph replaying ``calls`` in order."""
+    stream = torch.cuda.Stream()
+    stream.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(stream):
+        for fn in calls[: max(1, len(calls))]:
+            fn()
+    torch.cuda.current_stream().wait_stream(stream)
+    torch.cuda.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        for fn in calls:
+            fn()
+    graph.replay()
+    torch.cuda.synchronize()
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    per_call = []
+    for _ in range(replays):
+        start.record()
+        graph.replay()
+        end.record()
+        end.synchronize()
+        per_call.append(start.elapsed_time(end) * 1000.0 / len(calls))
+    del graph
+    return statistics.median(per_call), min(per_call)
+
+
+def rotation(fns: Sequence[Callable[[], Any]], min_calls: int = 24) -> list[Callable[[], Any]]:
+    n = max(min_calls, 2 * len(fns))
+    return [fns[i % len(fns)] for i in range(n)]
+
+
+def copy_bandwidth_tb_s(replays: int = 10) -> float:
+    """Device-to-device copy, bytes read + written, best of ``replays`` (1 GiB buffers)."""
+    n = 2**30 // 2
+    src = torch.randn(n, device="cuda", dtype=torch.bfloat16)
+    dst = torch.empty_like(src)
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    for _ in range(3):
+        dst.copy_(src)
+    best = float("inf")
+    for _ in range(replays):
+        start.record()
+        dst.copy_(src)
+        end.record()
+        end.synchronize()
+        best = min(best, start.elapsed_time(end) / 1000.0)
+    return 2 * src.numel() * src.element_size() / best / 1e12
+
+
+def roofline_us(m: int, n: int, k: int, bw_tb_s: float) -> float:
+    return (n * k / 2 + n * k / 16 + 2 * m * k + 2 * m * n) / (bw_tb_s * 1e12) * 1e6
+
+
+# ----------------------------------------------------------------------------- methods
+
+
+def fp4_weight_tensors(n: int, k: int, seed: int) -> dict[str, torch.Tensor]:
+    """Marlin-layout FP4 tensors from the series' own preparation (marlin_utils_fp4)."""
+    from _reference import random_nvfp4_weight
+    from sglang.srt.layers.quantization.marlin_utils_fp4 import prepare_nvfp4_layer_for_marlin
+
+    gen = torch.Generator(device="cuda").manual_seed(seed)
+    w = random_nvfp4_weight(n, k, gen)
+    layer = torch.nn.Module()
+    layer.weight = torch.nn.Parameter(w.packed, requires_grad=False)
+    layer.weight_scale = torch.nn.Parameter(w.scales, requires_grad=False)
+    layer.output_size_per_partition = n
+    layer.input_size_per_partition = k
+    layer.params_dtype = DTYPE
+    layer.orig_dtype = DTYPE
+    prepare_nvfp4_layer_for_marlin(layer, weight_global_scale=torch.tensor(8.3e-4, device="cuda"))
+    return {
+        "weight": layer.weight.data,
+        "scale": layer.weight_scale.data,
+        "global_scale": layer.marlin_global_scale.data,
+    }
+
+
+def bench_fp4(n: int, k: int, base: dict[str, torch.Tensor], ms: Sequence[int], replays: int):
+    from sglang.srt.layers.quantization.marlin_utils import marlin_make_workspace
+    from sglang.srt.layers.quantization.marlin_utils_fp4 import apply_fp4_marlin_linear
+
+    per_copy = base["weight"].numel() * base["weight"].element_size() + base["scale"].numel()
+    copies = [base] + [
+        {k2: v.clone() for k2, v in base.items()} for _ in range(copies_for(per_copy) - 1)
+    ]
+    ws = marlin_make_workspace(torch.device("cuda"))
+    out = {}
+    for m in ms:
+        x = torch.randn(m, k, device="cuda", dtype=DTYPE)
+        fns = [
+            (
+                lambda c=c, x=x: apply_fp4_marlin_linear(
+                    x, c["weight"], c["scale"], c["global_scale"], ws, n, k
+                )
+            )
+            for c in copies
+        ]
+        out[m] = time_graph(rotation(fns), replays)
+    return out
+
+
+def bench_bf16(n: int, k: int, ms: Sequence[int], replays: int):
+    w0 = torch.randn(n, k, device="cuda", dtype=DTYPE) * 0.02
+    ws = [w0] + [w0.clone() for _ in range(copies_for(2 * n * k) - 1)]
+    out = {}
+    for m in ms:
+        x = torch.randn(m, k, device="cuda", dtype=DTYPE)
+        fns = [(lambda w=w, x=x: torch.matmul(x, w.t())) for w in ws]
+        out[m] = time_graph(rotation(fns), replays)
+    del ws, w0
+    return out
+
+
+def bench_int4(n: int, k: int, ms: Sequence[int], replays: int):
+    from sgl_kernel.scalar_type import scalar_types
+    from sglang.jit_kernel.gptq_marlin import gptq_marlin_gemm
+    from sglang.jit_kernel.gptq_marlin_repack import gptq_marlin_repack
+    from sglang.srt.layers.quantization.marlin_utils import (
+        marlin_make_workspace,
+        marlin_permute_scales,
+        should_use_atomic_add_reduce,
+    )
+
+    q = torch.randint(-(2**31), 2**31 - 1, (k // 8, n), device="cuda", dtype=torch.int32)
+    perm = torch.empty(0, dtype=torch.int32, device="cuda")
+    qw = gptq_marlin_repack(q, perm, k, n, 4)
+    s = (torch.rand(k // INT4_GROUP, n, device="cuda") * 0.01 + 0.001).to(DTYPE)
+    s = marlin_permute_scales(s, k, n, INT4_GROUP)
+    per_copy = qw.numel() * 4 + s.numel() * 2
+    copies = [(qw, s)] + [(qw.clone(), s.clone()) for _ in range(copies_for(per_copy) - 1)]
+    ws = marlin_make_workspace(torch.device("cuda"))
+    out = {}
+    qtype = scalar_types.uint4b8
+    for m in ms:
+        x = torch.randn(m, k, device="cuda", dtype=DTYPE)
+        atomic = should_use_atomic_add_reduce(m, n, k, x.device, DTYPE)
+        fns = [
+            (
+                lambda c=c, x=x, m=m, a=atomic: gptq_marlin_gemm(
+                    x, None, c[0], c[1], None, None, None, None, ws, qtype, m, n, k, True, a, True
+                )
+            )
+            for c in copies
+        ]
+        out[m] = time_graph(rotation(fns), replays)
+    return out
+
+
+# ----------------------------------------------------------------------------- upstream worker
+
+
+def upstream_worker(job_dir: Path, replays: int) -> int:
+    """Runs under the 0.5.23 tree: time its FP4 Marlin on the tensors the parent saved."""
+    from sgl_kernel.scalar_type import scalar_types
+    from sglang.kernels.ops.gemm.gptq_marlin import gptq_marlin_gemm
+
+    job = json.loads((job_dir / "job.json").read_text())
+    sms = torch.cuda.get_device_properties(0).multi_processor_count
+    ws = torch.zeros(sms, dtype=torch.int, device="cuda")
+    results = []
+    qtype = scalar_types.float4_e2m1f
+    for item in job["shapes"]:
+        n, k = item["n"], item["k"]
+        base = torch.load(job_dir / item["file"], map_location="cuda")
+        per_copy = base["weight"].numel() * base["weight"].element_size() + base["scale"].numel()
+        copies = [base] + [
+            {a: b.clone() for a, b in base.items()} for _ in range(copies_for(per_copy) - 1)
+        ]
+        for m in item["ms"]:
+            x = torch.randn(m, k, device="cuda", dtype=DTYPE)
+            atomic = item["atomic"][str(m)]
+            fns = [
+                (
+                    lambda c=c, x=x, m=m, a=atomic, n=n, k=k, qtype=qtype: gptq_marlin_gemm(
+                        x,
+                        None,
+                        c["weight"],
+                        c["scale"],
+                        c["global_scale"],
+                        None,
+                        None,
+                        None,
+                        ws,
+                        qtype,
+                        m,
+                        n,
+                        k,
+                        True,
+                        a,
+                        True,
+                    )
+                )
+                for c in copies
+            ]
+            med, best = time_graph(rotation(fns), replays)
+            results.append({"shape": item["shape"], "m": m, "median_us": med, "best_us": best})
+        del copies, base
+        torch.cuda.empty_cache()
+    (job_dir / "result.json").write_text(json.dumps(results))
+    return 0
+
+
+def run_upstream(
+    tree: str, tensors: dict[str, dict[str, torch.Tensor]], ms: Sequence[int], replays: int
+) -> tuple[dict[tuple[str, int], tuple[float, float]], str]:
+    from sglang.srt.layers.quantization.marlin_utils import should_use_atomic_add_reduce
+
+    with tempfile.TemporaryDirectory(dir=os.environ.get("FP4SERIES_BENCH_TMP")) as tmp:
+        job_dir = Path(tmp)
+        shapes = []
+        for shape, base in tensors.items():
+            n, k = SHAPES[shape]
+            torch.save({a: b.cpu() for a, b in base.items()}, job_dir / f"{shape}.pt")
+            atomic = {str(m): should_use_atomic_add_reduce(m, n, k, torch.device("cuda"), DTYPE)
+                      for m in ms}  # fmt: skip
+            shapes.append({"shape": shape, "n": n, "k": k, "file": f"{shape}.pt", "ms": list(ms),
+                           "atomic": atomic})  # fmt: skip
+        (job_dir / "job.json").write_text(json.dumps({"shapes": shapes}))
+        env = dict(os.environ)
+        # 0.5.23's tree first (its `sglang` package wins), then its own extras (apache-tvm-ffi
+        # 0.1.11, which it pins), then the rest without the patched tree.
+        import sglang
+
+        patched_root = str(Path(sglang.__file__).resolve().parents[1])
+        rest = [p for p in env.get("PYTHONPATH", "").split(os.pathsep) if p]
+        rest = [p for p in rest if os.path.realpath(p) != patched_root]
+        extra = json.loads(env.get("FP4SERIES_UPSTREAM_EXTRA_PATH", "[]"))
+        env["PYTHONPATH"] = os.pathsep.join([tree, *extra, *rest])
+        default_cache = env.get("TVM_FFI_CACHE_DIR", os.path.expanduser("~/.cache/tvm-ffi"))
+        env["TVM_FFI_CACHE_DIR"] = env.get("FP4SERIES_UPSTREAM_CACHE", default_cache + "-0523")
+        cmd = [
+            sys.executable,
+            __file__,
+            "--upstream-worker",
+            str(job_dir),
+            "--replays",
+            str(replays),
+        ]
+        proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=480)
+        if proc.returncode != 0:
+            return {}, f"upstream 0.5.23 worker failed: {proc.stderr[-1500:]}"
+        rows = json.loads((job_dir / "result.json").read_text())
+    return {(r["shape"], r["m"]): (r["median_us"], r["best_us"]) for r in rows}, ""
+
+
+# ----------------------------------------------------------------------------- MoE
+
+
+def bench_moe(ms: Sequence[int], replays: int, bw: float) -> tuple[list[dict[str, Any]], str]:
+    from _reference import route
+    from sglang.srt.layers.moe.token_dispatcher.standard import StandardDispatchOutput
+    from sglang.srt.layers.moe.topk import StandardTopKOutput
+    from test_marlin_numerics import build_modelopt_moe, use_marlin_backends
+
+    e, topk, h, inter = MOE["e"], MOE["topk"], MOE["hidden"], MOE["inter"]
+    use_marlin_backends()
+    gen = torch.Generator(device="cuda").manual_seed(7)
+    moe = build_modelopt_moe(e, topk, DTYPE, gen)
+    notes = []
+    int4 = _int4_moe(e, h, inter)
+    bf16 = _bf16_moe(e, h, inter)
+    per_expert = (2 * inter * h + h * inter) * (0.5 + 1 / 16)
+    rows = []
+    for m in ms:
+        x = torch.randn(m, h, device="cuda", dtype=DTYPE)
+        routes = []
+        for _ in range(8):  # different routing per call: the touched experts rotate
+            logits = torch.randn(m, e, device="cuda")
+            w, ids = route(logits, topk)
+            routes.append((logits, w, ids))
+        fp4_fns = [
+            (
+                lambda r=r, x=x: moe.method.apply(
+                    moe.layer, StandardDispatchOutput(x, None, StandardTopKOutput(r[1], r[2], r[0]))
+                )
+            )
+            for r in routes
+        ]  # fmt: skip
+        row: dict[str, Any] = {"shape": f"moe_e{e}_top{topk}_h{h}_i{inter}", "kind": "moe",
+                               "m": m, "n": inter, "k": h, "e": e, "topk": topk}  # fmt: skip
+        row["fp4_us"], row["fp4_best_us"] = time_graph(rotation(fp4_fns, 16), replays)
+        for name, impl in (("int4", int4), ("bf16", bf16)):
+            if isinstance(impl, str):
+                row[f"{name}_us"] = None
+                continue
+            try:
+                fns = [(lambda r=r, x=x, f=impl: f(x, r)) for r in routes]
+                row[f"{name}_us"], row[f"{name}_best_us"] = time_graph(rotation(fns, 16), replays)
+            except Exception as exc:  # keep the FP4 number; say why the baseline is missing
+                row[f"{name}_us"] = None
+                notes.append(f"{name} MoE baseline failed at M={m}: {type(exc).__name__}: {exc}")
+        touched = e * (1 - (1 - topk / e) ** m)
+        row["roofline_us"] = (touched * per_expert + 4 * m * h) / (bw * 1e12) * 1e6
+        row["upstream_fp4_us"] = None
+        rows.append(row)
+    notes += [impl for impl in (int4, bf16) if isinstance(impl, str)]
+    notes.append("upstream 0.5.23 MoE Marlin not measured (its MoE JIT module is not built)")
+    return rows, "; ".join(notes)
+
+
+def _int4_moe(e: int, h: int, inter: int) -> Any:
+    try:
+        from sglang.srt.layers.moe.fused_moe_triton.fused_marlin_moe import fused_marlin_moe
+        from sglang.srt.layers.quantization.gptq import gptq_marlin_moe_repack
+        from sglang.srt.layers.quantization.marlin_utils import (
+            marlin_make_workspace,
+            marlin_moe_permute_scales,
+        )
+
+        perm = torch.empty((e, 0), dtype=torch.int32, device="cuda")
+        q13 = torch.randint(
+            -(2**31), 2**31 - 1, (e, h // 8, 2 * inter), device="cuda", dtype=torch.int32
+        )
+        q2 = torch.randint(
+            -(2**31), 2**31 - 1, (e, inter // 8, h), device="cuda", dtype=torch.int32
+        )
+        w1 = gptq_marlin_moe_repack(q13, perm, h, 2 * inter, 4)
+        w2 = gptq_marlin_moe_repack(q2, perm, inter, h, 4)
+        s1 = (torch.rand(e, h // INT4_GROUP, 2 * inter, device="cuda") * 0.01).to(DTYPE)
+        s1 = marlin_moe_permute_scales(s1, h, 2 * inter, INT4_GROUP)
+        s2 = (torch.rand(e, inter // INT4_GROUP, h, device="cuda") * 0.01).to(DTYPE)
+        s2 = marlin_moe_permute_scales(s2, inter, h, INT4_GROUP)
+        ws = marlin_make_workspace(torch.device("cuda"), max_blocks_per_sm=4)
+    except Exception as exc:
+        return f"INT4 MoE baseline not built: {type(exc).__name__}: {exc}"
+
+    def run(x: torch.Tensor, r: tuple[torch.Tensor, ...]) -> torch.Tensor:
+        return fused_marlin_moe(x, w1, w2, s1, s2, r[0], r[1], r[2], workspace=ws, num_bits=4)
+
+    return run
+
+
+def _bf16_moe(e: int, h: int, inter: int) -> Any:
+    if not hasattr(torch, "_grouped_mm"):
+        return "bf16 MoE baseline: torch._grouped_mm not available"
+    w13 = torch.randn(e, h, 2 * inter, device="cuda", dtype=DTYPE) * 0.02  # [E, K, N]
+    w2 = torch.randn(e, inter, h, device="cuda", dtype=DTYPE) * 0.02
+    experts = torch.arange(e, device="cuda", dtype=torch.int32)
+
+    def run(x: torch.Tensor, r: tuple[torch.Tensor, ...]) -> torch.Tensor:
+        weights, ids = r[1], r[2]
+        flat = ids.reshape(-1)
+        order = torch.argsort(flat, stable=True)
+        tokens = order // ids.shape[1]
+        counts = (flat.unsqueeze(1) == experts.unsqueeze(0)).sum(0, dtype=torch.int32)
+        offs = torch.cumsum(counts, 0, dtype=torch.int32)
+        a = x[tokens]
+        hmid = torch._grouped_mm(a, w13, offs=offs)
+        act = torch.nn.functional.silu(hmid[:, :inter]) * hmid[:, inter:]
+        y = torch._grouped_mm(act.contiguous(), w2, offs=offs)
+        y = y * weights.reshape(-1)[order].unsqueeze(1).to(y.dtype)
+        return torch.zeros_like(x).index_add_(0, tokens, y)
+
+    return run
+
+
+# ----------------------------------------------------------------------------- main
+
+
+def _ratio(a: float | None, b: float | None) -> str:
+    return f"{a / b:.2f}" if a and b else "-"
+
+
+def write_markdown(data: dict[str, Any], path: Path) -> None:
+    lines = [
+        "# FP4 Marlin benchmark",
+        "",
+        f"Device: {data['device']}, torch {data['torch']}, copy bandwidth "
+        f"{data['copy_bandwidth_tb_s']:.2f} TB/s (roofline). Series {data['series_revision']}, "
+        f"pin {data['pin'].get('tag')}.",
+        f"Command: `{data['command']}`",
+        "",
+        f"Method: {data['method']}",
+        "",
+        "Columns: microseconds per call (median of replays); ratios > 1 mean FP4 is faster "
+        "(bf16/FP4, INT4/FP4, upstream/FP4); roofline/FP4 is the fraction of the HBM roofline "
+        "reached.",
+        "",
+        "| shape | N | K | M | FP4 us | bf16 us | INT4 us | upstream 0.5.23 us | roofline us "
+        "| bf16/FP4 | INT4/FP4 | up/FP4 | roof/FP4 |",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|---|",
+    ]
+    for r in data["rows"]:
+
+        def f(v: float | None) -> str:
+            return f"{v:.1f}" if v else "-"
+
+        lines.append(
+            f"| {r['shape']} | {r['n']} | {r['k']} | {r['m']} | {f(r['fp4_us'])} | "
+            f"{f(r.get('bf16_us'))} | {f(r.get('int4_us'))} | {f(r.get('upstream_fp4_us'))} | "
+            f"{f(r['roofline_us'])} | {_ratio(r.get('bf16_us'), r['fp4_us'])} | "
+            f"{_ratio(r.get('int4_us'), r['fp4_us'])} | "
+            f"{_ratio(r.get('upstream_fp4_us'), r['fp4_us'])} | "
+            f"{_ratio(r['roofline_us'], r['fp4_us'])} |"
+        )
+    for key in ("upstream_note", "moe_note"):
+        if data.get(key):
+            lines += ["", f"Note ({key}): {data[key]}"]
+    path.write_text("\n".join(lines) + "\n")
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--out", default=str(REPO / "reports" / "h200"))
+    parser.add_argument("--upstream-tree", default=os.environ.get("FP4SERIES_UPSTREAM_TREE"))
+    parser.add_argument("--replays", type=int, default=7)
+    parser.add_argument("--shapes", default=",".join(SHAPES))
+    parser.add_argument("--ms", default=",".join(map(str, MS)))
+    parser.add_argument("--no-moe", action="store_true")
+    parser.add_argument("--upstream-worker", help=argparse.SUPPRESS)
+    args = parser.parse_args(argv)
+    if not torch.cuda.is_available():
+        print("bench_fp4_marlin: no CUDA device; nothing to measure", file=sys.stderr)
+        return 2
+    if args.upstream_worker:
+        return upstream_worker(Path(args.upstream_worker), args.replays)
+
+    import _jitenv
+
+    from fp4series import report
+
+    _jitenv.apply_variant()
+    t0 = time.time()
+    ms = [int(m) for m in args.ms.split(",")]
+    shapes = [s for s in args.shapes.split(",") if s]
+    bw = copy_bandwidth_tb_s()
+    print(f"[bench] copy bandwidth {bw:.2f} TB/s, L2 {l2_bytes() / 2**20:.0f} MiB", flush=True)
+    rows: list[dict[str, Any]] = []
+    fp4_tensors: dict[str, dict[str, torch.Tensor]] = {}
+    for i, shape in enumerate(shapes):
+        n, k = SHAPES[shape]
+        base = fp4_weight_tensors(n, k, seed=100 + i)
+        fp4 = bench_fp4(n, k, base, ms, args.replays)
+        bf16 = bench_bf16(n, k, ms, args.replays)
+        int4 = bench_int4(n, k, ms, args.replays)
+        fp4_tensors[shape] = base
+        for m in ms:
+            rows.append({
+                "shape": shape, "kind": "dense", "m": m, "n": n, "k": k,
+                "fp4_us": fp4[m][0], "bf16_us": bf16[m][0], "int4_us": int4[m][0],
+                "roofline_us": roofline_us(m, n, k, bw), "upstream_fp4_us": None,
+                "fp4_best_us": fp4[m][1], "bf16_best_us": bf16[m][1], "int4_best_us": int4[m][1],
+            })  # fmt: skip
+        print(f"[bench] {shape}: done at {time.time() - t0:.0f} s", flush=True)
+        torch.cuda.empty_cache()
+    upstream_note = ""
+    if args.upstream_tree:
+        up, upstream_note = run_upstream(args.upstream_tree, fp4_tensors, ms, args.replays)
+        for row in rows:
+            got = up.get((row["shape"], row["m"]))
+            if got:
+                row["upstream_fp4_us"], row["upstream_fp4_best_us"] = got
+        print(f"[bench] upstream 0.5.23 done at {time.time() - t0:.0f} s", flush=True)
+    else:
+        upstream_note = "no --upstream-tree (FP4SERIES_UPSTREAM_TREE): upstream 0.5.23 not run"
+    del fp4_tensors
+    moe_note = ""
+    if not args.no_moe:
+        try:
+            moe_rows, moe_note = bench_moe(ms, args.replays, bw)
+            for r in moe_rows:
+                r["note"] = moe_note or "MoE row"
+            rows += moe_rows
+        except Exception as exc:
+            moe_note = f"MoE benchmark failed: {type(exc).__name__}: {exc}"
+        print(f"[bench] MoE done at {time.time() - t0:.0f} s", flush=True)
+    command = os.environ.get("FP4SERIES_REPORT_COMMAND") or (
+        "python bench/bench_fp4_marlin.py " + " ".join(argv or sys.argv[1:])
+    )
+    data = report.run_metadata(command)
+    data.update(
+        method=(
+            f"median of {args.replays} CUDA-graph replays, >= 24 calls per graph, weights rotated "
+            f"over >= 3x L2 ({l2_bytes() / 2**20:.0f} MiB); bf16 activations; INT4 = GPTQ uint4b8 "
+            f"g{INT4_GROUP}; MoE E={MOE['e']} top-{MOE['topk']} hidden {MOE['hidden']} "
+            f"inter {MOE['inter']}, MoE roofline counts the expected touched experts"
+        ),
+        copy_bandwidth_tb_s=bw,
+        l2_bytes=l2_bytes(),
+        seconds=round(time.time() - t0, 1),
+        upstream_note=upstream_note,
+        moe_note=moe_note,
+        rows=rows,
+    )
+    out = Path(args.out)
+    report.write_json(out / "bench.json", data)
+    write_markdown(data, out / "bench.md")
+    try:
+        sys.path.insert(0, str(REPO / "bench"))
+        from plot import plot_bench
+
+        plot_bench(data, out / "bench.png")
+    except Exception as exc:  # the numbers matter more than the picture
+        print(f"[bench] plot failed: {type(exc).__name__}: {exc}", file=sys.stderr)
+    print(f"[bench] wrote {out / 'bench.json'}, bench.md, bench.png in {time.time() - t0:.0f} s")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,71 @@
+"""The bug each kernel patch fixes, and the SM75 path, each under its own JIT variant.
+
+* Repro: the series' host preprocessing (patched python tree) against the pin's UNPATCHED
+  Marlin templates. Expected to fail: dense rel L2 ~0.67 (legacy scale layout), MoE large
+  (legacy layout and FP8 scale dequant compiled out). The errors are recorded in numerics.json
+  as ``templates: unpatched`` cases; they are the evidence patches 1 and 2 cite.
+* Turing: the patched templates built as compute_75 PTX only, run on this GPU through the
+  driver's PTX JIT (``__CUDA_ARCH__ == 750``), fp16, dense and MoE, within 1e-2; written to
+  turing_ptx.json. "not run" (with the reason) when the series does not enable SM75.
+
+A JIT variant cannot share a process with another (``cache_once`` module factories), so each
+runs test_marlin_numerics.py as a worker process (_jitenv.py), started by conftest right after
+collection so that it overlaps the main session.
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Any
+
+import _jitenv
+import pytest
+
+UNPATCHED_MIN_REL_L2 = 1e-1
+
+
+@pytest.mark.gpu
+def test_unpatched_templates_fail(gpu_report: Any) -> None:
+    env, why = _jitenv.unpatched_env()
+    if env is None:
+        pytest.skip(why)
+    result = _jitenv.worker_result("repro", env)
+    cases = result["cases"]
+    assert cases, "repro worker produced no cases"
+    for case in cases:
+        case["templates"] = "unpatched"
+        case["expect"] = "fail"
+    gpu_report.add_cases(cases)
+    gpu_report.extra["repro_variant"] = result.get("variant")
+    tree = env["PYTHONPATH"].split(os.pathsep)[0]
+    assert os.path.samefile(result["variant"]["sglang_tree"], tree), "worker used another tree"
+    crashed = [c for c in cases if c.get("rel_l2") is None]
+    passing = [c for c in cases if c not in crashed and c["rel_l2"] <= UNPATCHED_MIN_REL_L2]
+    assert not crashed, f"repro cases crashed instead of computing: {crashed}"
+    assert not passing, (
+        "the pin's templates gave correct results with the series' preprocessing; the kernel "
+        f"patches would be unnecessary: {passing}"
+    )
+
+
+@pytest.mark.gpu
+def test_turing_compute75_ptx(gpu_report: Any) -> None:
+    enabled, why = _jitenv.turing_enabled()
+    if not enabled:
+        gpu_report.set_turing("not run", why)
+        pytest.skip(why)
+    result = _jitenv.worker_result("turing", _jitenv.c75_env())
+    cases = result["cases"]
+    for case in cases:
+        case["arch"] = "compute_75"
+    gpu_report.set_turing("ran", cases=cases)
+
+    def bad(c: dict[str, Any]) -> bool:
+        values = [
+            c.get("rel_l2"),
+            *([c["rel_l2_small_scales"]] if "rel_l2_small_scales" in c else []),
+        ]
+        return any(v is None or v > 1e-2 for v in values)
+
+    failing = [c for c in cases if bad(c)]
+    assert cases and not failing, f"compute_75 PTX path failed: {failing}"

@@ -1,0 +1,79 @@
+"""bench/plot.py and the bench's Markdown table, on synthetic numbers (no GPU needed)."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from fp4series import report
+
+REPO = Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(REPO / "bench"))
+
+import plot  # noqa: E402
+
+
+def _synthetic() -> dict[str, Any]:
+    rows = []
+    for shape, n, k in (("qkv_8b", 6144, 4096), ("down_70b", 8192, 28672)):
+        for m in report.BENCH_MS:
+            roof = (n * k / 2 + n * k / 16 + 2 * m * k + 2 * m * n) / 4.25e12 * 1e6
+            rows.append(
+                {"shape": shape, "kind": "dense", "m": m, "n": n, "k": k, "fp4_us": roof * 2.5,
+                 "bf16_us": roof * 4 + m * 0.01, "int4_us": roof * 2.0, "roofline_us": roof,
+                 "upstream_fp4_us": roof * 2.6}
+            )  # fmt: skip
+    rows.append({"shape": "moe_e64_top8_h2048_i1408", "kind": "moe", "m": 16, "n": 1408,
+                 "k": 2048, "fp4_us": 90.0, "bf16_us": None, "int4_us": 70.0, "roofline_us": 40.0,
+                 "upstream_fp4_us": None, "note": "bf16 baseline failed"})  # fmt: skip
+    return {
+        "command": "python bench/bench_fp4_marlin.py",
+        "series_revision": {"git": "abc", "series_sha256": "0" * 64},
+        "pin": {"tag": "v0.5.11", "wheel_sha256": "f" * 64},
+        "device": "NVIDIA H200",
+        "torch": "2.11.0+cu130",
+        "date": "2026-11-30T00:00:00+00:00",
+        "copy_bandwidth_tb_s": 4.25,
+        "method": "median of 7 replays",
+        "rows": rows,
+    }
+
+
+def test_speedups_skip_missing_baselines() -> None:
+    series = plot.speedups(_synthetic()["rows"], "bf16_us")
+    assert set(series) == {"qkv_8b", "down_70b"}  # the MoE row has no bf16 number
+    assert [m for m, _ in series["qkv_8b"]] == sorted(report.BENCH_MS)
+    assert all(r > 1.0 for _, r in series["qkv_8b"])
+
+
+def test_plot_writes_png(tmp_path: Path) -> None:
+    pytest.importorskip("matplotlib")
+    out = plot.plot_bench(_synthetic(), tmp_path / "bench.png")
+    assert out.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and out.stat().st_size > 20_000
+
+
+def test_markdown_table_and_schema(tmp_path: Path) -> None:
+    pytest.importorskip("torch")
+    import bench_fp4_marlin as bench
+
+    data = _synthetic()
+    bench.write_markdown(data, tmp_path / "bench.md")
+    text = (tmp_path / "bench.md").read_text()
+    assert "| qkv_8b | 6144 | 4096 | 1 |" in text and "bf16/FP4" in text
+    assert text.count("\n| ") == len(data["rows"]) + 1  # header + one line per row
+    problems: list[str] = []
+    report.check_bench(data, problems)
+    assert problems == []
+
+
+def test_roofline_formula() -> None:
+    pytest.importorskip("torch")
+    import bench_fp4_marlin as bench
+
+    # 8192x8192 at M=1: 37.8 MB of weight+scales (environment doc) at 4.25 TB/s
+    us = bench.roofline_us(1, 8192, 8192, 4.25)
+    assert us == pytest.approx((8192 * 8192 * (0.5 + 1 / 16) + 2 * 8192 * 2) / 4.25e12 * 1e6)
+    assert 8.8 < us < 8.9  # the anchor measurement's fp4 roofline at M=1 (8.88 us)

@@ -1,0 +1,215 @@
+"""check-reports: schema and threshold checks of the committed GPU reports."""
+
+from __future__ import annotations
+
+import copy
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from fp4series import report
+from fp4series.cli import main
+from fp4series.errors import SeriesError
+
+META: dict[str, Any] = {
+    "command": "scripts/gpu-proof.sh",
+    "series_revision": {"git": "69c8b78-dirty", "series_sha256": "ab" * 32},
+    "pin": {"tag": "v0.5.11", "version": "0.5.11", "wheel_sha256": "fe07" * 16},
+    "device": "NVIDIA H200",
+    "torch": "2.11.0+cu130",
+    "date": "2026-11-30T00:00:00+00:00",
+}
+
+
+def _case(path: str, dtype: str, templates: str = "patched", rel: float = 3e-3) -> dict[str, Any]:
+    case: dict[str, Any] = {
+        "path": path,
+        "dtype": dtype,
+        "m": 16,
+        "n": 4096,
+        "k": 4096,
+        "bias": False,
+        "templates": templates,
+        "rel_l2": rel,
+    }
+    if path.endswith("moe"):
+        case.update(e=8, topk=2, n=1408, k=2048)
+    return case
+
+
+def _numerics() -> dict[str, Any]:
+    cases = [_case(p, d) for p in report.PATHS for d in report.DTYPES]
+    cases += [_case("modelopt-dense", "bfloat16", "unpatched", 0.67)]
+    cases += [_case("ct-moe", "bfloat16", "unpatched", 1.3)]
+    return {
+        **META,
+        "cases": cases,
+        "tracing": [
+            {"name": "cuda_graph", "passed": True},
+            {"name": "torch_compile", "passed": True},
+        ],
+        "turing_ptx": {"status": "ran"},
+    }
+
+
+def _turing() -> dict[str, Any]:
+    cases = [dict(_case(p, "float16"), arch="compute_75") for p in ("modelopt-dense", "ct-moe")]
+    return {**META, "arch": "compute_75", "cases": cases}
+
+
+def _bench() -> dict[str, Any]:
+    rows = []
+    for m in report.BENCH_MS:
+        roof = 3.3 + m * 0.01
+        rows.append(
+            {"shape": "qkv_8b", "kind": "dense", "m": m, "n": 6144, "k": 4096, "fp4_us": roof * 3,
+             "bf16_us": 15.0, "int4_us": roof * 2.5, "roofline_us": roof, "upstream_fp4_us": 14.0}
+        )  # fmt: skip
+    return {**META, "copy_bandwidth_tb_s": 4.25, "rows": rows}
+
+
+def _write(
+    tmp_path: Path, numerics: Any = None, bench: Any = None, turing: Any = "default"
+) -> Path:
+    (tmp_path / "numerics.json").write_text(json.dumps(numerics or _numerics()))
+    (tmp_path / "bench.json").write_text(json.dumps(bench or _bench()))
+    if turing == "default":
+        turing = _turing()
+    if turing is not None:
+        (tmp_path / "turing_ptx.json").write_text(json.dumps(turing))
+    return tmp_path
+
+
+def test_valid_reports_pass(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    _write(tmp_path)
+    assert report.check_report_dir(tmp_path) == []
+    assert main(["check-reports", "--dir", str(tmp_path)]) == 0
+    assert "OK" in capsys.readouterr().out
+
+
+def test_patched_case_over_threshold_fails(tmp_path: Path) -> None:
+    numerics = _numerics()
+    numerics["cases"][3]["rel_l2"] = 0.02
+    problems = report.check_report_dir(_write(tmp_path, numerics=numerics))
+    assert len(problems) == 1 and "2.000e-02 > 1e-02" in problems[0]
+
+
+def test_small_scale_rows_are_checked_too(tmp_path: Path) -> None:
+    numerics = _numerics()
+    numerics["cases"][1]["rel_l2_small_scales"] = 0.5
+    problems = report.check_report_dir(_write(tmp_path, numerics=numerics))
+    assert any("rel_l2_small_scales" in p for p in problems)
+
+
+def test_unpatched_repro_must_fail(tmp_path: Path) -> None:
+    numerics = _numerics()
+    numerics["cases"][-2]["rel_l2"] = 3e-3  # the pin's templates "passing" is a broken repro
+    problems = report.check_report_dir(_write(tmp_path, numerics=numerics))
+    assert any("should fail" in p for p in problems)
+
+
+def test_failed_run_is_not_a_pass(tmp_path: Path) -> None:
+    numerics = _numerics()
+    numerics["cases"][0]["rel_l2"] = None  # inf/NaN are stored as null
+    numerics["cases"][-1]["rel_l2"] = None
+    problems = report.check_report_dir(_write(tmp_path, numerics=numerics))
+    assert sum("run failed" in p for p in problems) == 2
+
+
+@pytest.mark.parametrize("field", report.META_FIELDS)
+def test_missing_metadata_field(tmp_path: Path, field: str) -> None:
+    numerics = _numerics()
+    del numerics[field]
+    problems = report.check_report_dir(_write(tmp_path, numerics=numerics))
+    assert any(f"missing top-level field {field!r}" in p for p in problems)
+
+
+def test_missing_case_fields_and_coverage(tmp_path: Path) -> None:
+    numerics = _numerics()
+    del numerics["cases"][0]["bias"]  # modelopt-dense float16: no longer usable
+    numerics["cases"][2]["e"] = 0
+    numerics["cases"] = [c for c in numerics["cases"] if c["templates"] == "patched"]
+    problems = report.check_report_dir(_write(tmp_path, numerics=numerics))
+    text = "\n".join(problems)
+    assert "bias must be true/false" in text
+    assert "no patched case for modelopt-dense float16" in text
+    assert "no unpatched-template repro case for dense" in text
+    assert "no unpatched-template repro case for moe" in text
+
+
+def test_tracing_must_pass(tmp_path: Path) -> None:
+    numerics = _numerics()
+    numerics["tracing"][1]["passed"] = False
+    problems = report.check_report_dir(_write(tmp_path, numerics=numerics))
+    assert problems == ["numerics.json: tracing check 'torch_compile' did not pass"]
+
+
+def test_turing_missing_needs_not_run_reason(tmp_path: Path) -> None:
+    numerics = _numerics()
+    problems = report.check_report_dir(_write(tmp_path, numerics=numerics, turing=None))
+    assert any("turing_ptx.json: missing" in p for p in problems)
+    numerics["turing_ptx"] = {"status": "not run", "reason": "patch 9 not in the series yet"}
+    assert report.check_report_dir(_write(tmp_path, numerics=numerics, turing=None)) == []
+
+
+def test_turing_cases_checked(tmp_path: Path) -> None:
+    turing = _turing()
+    turing["cases"][0]["arch"] = "sm_90"
+    turing["cases"][1]["dtype"] = "bfloat16"
+    turing["cases"][1]["rel_l2"] = 0.4
+    problems = report.check_report_dir(_write(tmp_path, turing=turing))
+    text = "\n".join(problems)
+    assert "arch must be 'compute_75'" in text
+    assert "SM75 runs fp16 only" in text
+    assert "4.000e-01 > 1e-02" in text
+
+
+def test_bench_schema_and_roofline(tmp_path: Path) -> None:
+    bench = _bench()
+    bench["rows"][0]["fp4_us"] = 1.0  # faster than HBM allows: measured L2, not HBM
+    bench["rows"][1]["upstream_fp4_us"] = None
+    del bench["rows"][2]["int4_us"]
+    bench["rows"] = [r for r in bench["rows"] if r["m"] != 1024]
+    problems = report.check_report_dir(_write(tmp_path, bench=bench))
+    text = "\n".join(problems)
+    assert "beats the HBM roofline" in text
+    assert "upstream_fp4_us is null without a note" in text
+    assert "int4_us missing" in text
+    assert "lacks M in [1024]" in text
+    bench2 = copy.deepcopy(_bench())
+    bench2["rows"][1]["upstream_fp4_us"] = None
+    bench2["upstream_note"] = "0.5.23 tree not carried"
+    assert report.check_report_dir(_write(tmp_path, bench=bench2)) == []
+
+
+def test_missing_dir_is_a_clear_error(tmp_path: Path) -> None:
+    args = type("A", (), {"dir": str(tmp_path / "nope")})()
+    with pytest.raises(SeriesError) as err:
+        report._cmd_check(args)  # type: ignore[arg-type]
+    assert "does not exist" in str(err.value) and "gpu-proof.sh" in err.value.hint
+
+
+def test_cli_failure_exit_code(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    _write(tmp_path, bench={"rows": []})
+    assert main(["check-reports", "--dir", str(tmp_path)]) == 1
+    captured = capsys.readouterr()
+    assert "bench.json: 'rows' must be a non-empty list" in captured.out
+    assert "what to do" in captured.err
+
+
+def test_metadata_helpers(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    patches = tmp_path / "patches"
+    patches.mkdir()
+    (patches / "series").write_text("0001-a.patch\n# comment\n0002-b.patch\n")
+    (patches / "0001-a.patch").write_text("a")
+    first = report.series_sha256(patches)
+    (patches / "0002-b.patch").write_text("b")  # a listed patch appearing changes the hash
+    assert report.series_sha256(patches) != first
+    assert report.series_sha256(tmp_path) == "absent"
+    monkeypatch.setenv(report.REVISION_ENV, json.dumps({"git": "x", "series_sha256": "y"}))
+    assert report.series_revision() == {"git": "x", "series_sha256": "y"}
+    meta = report.run_metadata("cmd", device="cpu")
+    assert meta["pin"]["tag"] == "v0.5.11" and len(meta["pin"]["wheel_sha256"]) == 64
+    assert report.json_number(float("inf")) is None and report.json_number(1.5) == 1.5
