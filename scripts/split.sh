@@ -1,0 +1,15 @@
+#!/usr/bin/env bash
+# One upstream PR branch per patch (or Group:) in REPO, with its tests and a PR description:
+#   scripts/split.sh REPO [--base pin|VERSION|auto] [--patches P ...] [--run-tests]
+# Never pushes: prints the `git push` / `gh pr create` commands. `scripts/split.sh --overlap`
+# prints which lines two patches both touch instead (python -m fp4series overlap).
+set -euo pipefail
+ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+PY="${FP4SERIES_PYTHON:-$ROOT/.work/venv/bin/python}"
+[ -x "$PY" ] || PY="$(command -v python3)"
+export PYTHONPATH="$ROOT/src${PYTHONPATH:+:$PYTHONPATH}"
+if [ "${1:-}" = "--overlap" ]; then
+  shift
+  exec "$PY" -m fp4series overlap "$@"
+fi
+exec "$PY" -m fp4series split "$@"
