@@ -1,0 +1,538 @@
+"""Mocked-capability matrix for NVFP4 serving (native FP4 vs. weight-only Marlin).
+
+Every cell drives SGLang's real code: ``initialize_fp4_gemm_config`` resolves
+the FP4 GEMM backend, ``get_quant_config`` parses a realistic checkpoint
+directory (``data/``), the model loader's minimum-capability check is applied
+as the loader applies it, and ``get_quant_method`` picks the method/scheme for
+a real ``ReplicatedLinear`` layer (dense) or a ``FusedMoE`` stand-in (MoE; the
+real class needs initialised parallel groups).  Weight creation runs too,
+with the cell's activation dtype; kernels and weight processing need CUDA and
+are not run here.
+
+The expected value of each cell comes from ``expected_cell`` below: the
+series' intended behaviour written as a small table, not read from the code
+under test.  The only input taken from the tree is whether FP4 Marlin has a
+Turing (SM75, fp16) kernel path yet (``FP4_MARLIN_MIN_CAPABILITY``).
+"""
+
+from __future__ import annotations
+
+import importlib
+import json
+import types
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+import torch
+from sglang.srt.layers.linear import ReplicatedLinear
+from sglang.srt.layers.moe import MoeRunnerBackend, MoeRunnerConfig
+from sglang.srt.layers.moe.fused_moe_triton import FusedMoE
+from sglang.srt.layers.quantization import fp4_utils
+from sglang.srt.model_loader.weight_utils import get_quant_config
+
+DATA_DIR = Path(__file__).parent / "data"
+
+# --------------------------------------------------------------------------
+# The axes
+# --------------------------------------------------------------------------
+
+CAPABILITIES = [
+    (7, 0),
+    (7, 5),
+    (8, 0),
+    (8, 6),
+    (8, 9),
+    (9, 0),
+    (10, 0),
+    (10, 3),
+    (12, 0),
+    (12, 1),
+]
+# The FP4 GEMM backends the pin offers (fp4_utils.Fp4GemmRunnerBackend at
+# v0.5.11), plus the series' "marlin".
+NATIVE_BACKENDS = ["cutlass", "flashinfer_cudnn", "flashinfer_cutlass", "flashinfer_trtllm"]
+BACKENDS = ["auto", "marlin", *NATIVE_BACKENDS]
+DTYPES = {"fp16": torch.float16, "bf16": torch.bfloat16}
+
+
+@dataclass(frozen=True)
+class Checkpoint:
+    key: str
+    quantization: str  # what SGLang's model config detects for this checkpoint
+    directory: str  # under tests/sglang/data
+    moe: bool
+    prefix: str  # a realistic layer prefix of that model
+
+
+CHECKPOINTS = {
+    c.key: c
+    for c in (
+        # nvidia/Llama-3.1-8B-Instruct-FP4 (hf_quant_config.json)
+        Checkpoint(
+            "modelopt-dense",
+            "modelopt_fp4",
+            "modelopt-nvfp4-dense",
+            False,
+            "model.layers.0.mlp.down_proj",
+        ),
+        # nvidia/Qwen3-30B-A3B-FP4 style (hf_quant_config.json)
+        Checkpoint(
+            "modelopt-moe",
+            "modelopt_fp4",
+            "modelopt-nvfp4-moe",
+            True,
+            "model.layers.0.mlp.experts",
+        ),
+        # RedHatAI/Meta-Llama-3.1-8B-Instruct-NVFP4 style (config.json)
+        Checkpoint(
+            "ct-dense",
+            "compressed-tensors",
+            "ct-nvfp4-dense",
+            False,
+            "model.layers.0.mlp.down_proj",
+        ),
+        # RedHatAI/Qwen3-30B-A3B-NVFP4 style (config.json)
+        Checkpoint(
+            "ct-moe",
+            "compressed-tensors",
+            "ct-nvfp4-moe",
+            True,
+            "model.layers.0.mlp.experts",
+        ),
+    )
+}
+
+# --------------------------------------------------------------------------
+# The spec: what the series intends, per cell
+# --------------------------------------------------------------------------
+
+
+def fp4_marlin_min_capability() -> int:
+    """75 once FP4 Marlin has a Turing fp16 kernel path (patch 9), else 80.
+
+    Read from the tree: ``marlin_utils_fp4.FP4_MARLIN_MIN_CAPABILITY`` when the
+    module defines it, otherwise whether its support check accepts SM75 with
+    fp16; 80 when the module does not exist (bare pin).
+    """
+    try:
+        mod = importlib.import_module("sglang.srt.layers.quantization.marlin_utils_fp4")
+    except ImportError:
+        return 80
+    value = getattr(mod, "FP4_MARLIN_MIN_CAPABILITY", None)
+    if value is None:
+        return 75 if mod.is_fp4_marlin_supported(torch.float16, capability=(7, 5)) else 80
+    if isinstance(value, tuple):
+        value = value[0] * 10 + value[1]
+    return int(value)
+
+
+# Error expectations: (exception type, message substring).
+ERR_MIN_CAPABILITY_MODELOPT = (ValueError, "Minimum capability: 75")
+ERR_NATIVE_WITHOUT_FP4_CORES = (ValueError, "--fp4-gemm-backend marlin")
+ERR_MARLIN_TOO_OLD = (ValueError, "NVFP4 Marlin needs compute capability")
+ERR_MARLIN_NO_TURING_KERNEL = (ValueError, "Turing (SM75)")
+ERR_MARLIN_TURING_BF16 = (ValueError, "--dtype float16")
+
+# Selected class per checkpoint: (native, marlin).  For compressed-tensors the
+# method class is fixed and the scheme differs; ModelOpt keeps its method
+# classes and switches them to Marlin (``use_marlin``).
+SELECTION = {
+    "modelopt-dense": (
+        ("ModelOptFp4LinearMethod", None, False),
+        ("ModelOptFp4LinearMethod", None, True),
+    ),
+    "modelopt-moe": (
+        ("ModelOptNvFp4FusedMoEMethod", None, False),
+        ("ModelOptNvFp4FusedMoEMethod", None, True),
+    ),
+    "ct-dense": (
+        ("CompressedTensorsLinearMethod", "CompressedTensorsW4A4Fp4", None),
+        ("CompressedTensorsLinearMethod", "CompressedTensorsW4A16Fp4", None),
+    ),
+    "ct-moe": (
+        ("CompressedTensorsFusedMoEMethod", "CompressedTensorsW4A4Nvfp4MoE", None),
+        ("CompressedTensorsFusedMoEMethod", "CompressedTensorsW4A16Nvfp4MoE", None),
+    ),
+}
+
+
+def resolved_backend(cap: tuple[int, int], backend: str) -> str:
+    """``auto``: cudnn on SM12x, marlin below SM100, flashinfer_cutlass otherwise."""
+    if backend != "auto":
+        return backend
+    if cap[0] == 12:
+        return "flashinfer_cudnn"
+    if cap < (10, 0):
+        return "marlin"
+    return "flashinfer_cutlass"
+
+
+@dataclass(frozen=True)
+class Expected:
+    backend: str  # resolved FP4 GEMM backend
+    error: tuple[type, str] | None = None
+    method: str | None = None
+    scheme: str | None = None
+    use_marlin: bool | None = None
+
+
+def expected_cell(
+    cap: tuple[int, int], ckpt: str, backend: str, dtype: torch.dtype, marlin_min: int
+) -> Expected:
+    resolved = resolved_backend(cap, backend)
+    has_fp4_cores = cap >= (10, 0)
+    sm = cap[0] * 10 + cap[1]
+    if ckpt.startswith("modelopt") and sm < 75:
+        # ModelOptFp4Config.get_min_capability() == 75, checked by the loader.
+        return Expected(resolved, ERR_MIN_CAPABILITY_MODELOPT)
+    use_marlin = resolved == "marlin"
+    if not use_marlin and not has_fp4_cores:
+        return Expected(resolved, ERR_NATIVE_WITHOUT_FP4_CORES)
+    if use_marlin and sm < 80:
+        if cap == (7, 5) and marlin_min <= 75:
+            if dtype == torch.bfloat16:
+                return Expected(resolved, ERR_MARLIN_TURING_BF16)
+        elif cap == (7, 5):
+            return Expected(resolved, ERR_MARLIN_NO_TURING_KERNEL)
+        else:
+            return Expected(resolved, ERR_MARLIN_TOO_OLD)
+    method, scheme, marlin_flag = SELECTION[ckpt][use_marlin]
+    return Expected(resolved, None, method, scheme, marlin_flag)
+
+
+# --------------------------------------------------------------------------
+# Driving SGLang
+# --------------------------------------------------------------------------
+
+
+def _quant_config(ckpt: Checkpoint):
+    """Parse the checkpoint the way the model loader does (get_quant_config)."""
+    directory = DATA_DIR / ckpt.directory
+    hf = json.loads((directory / "config.json").read_text())
+    hf_config = types.SimpleNamespace(
+        architectures=hf["architectures"],
+        quantization_config=hf.get("quantization_config"),
+    )
+    model_config = types.SimpleNamespace(
+        quantization=ckpt.quantization,
+        hf_config=hf_config,
+        model_path=str(directory),
+        revision=None,
+    )
+    load_config = types.SimpleNamespace(download_dir=None, model_loader_extra_config={})
+    return get_quant_config(model_config, load_config, packed_modules_mapping={})
+
+
+def _loader_capability_check(quant_config, quantization: str) -> None:
+    """The model loader's check (model_loader/loader.py, _get_quantization_config)."""
+    major, minor = torch.cuda.get_device_capability()
+    capability = major * 10 + minor
+    if capability < quant_config.get_min_capability():
+        raise ValueError(
+            f"The quantization method {quantization} is not supported for the "
+            f"current GPU. Minimum capability: {quant_config.get_min_capability()}. "
+            f"Current capability: {capability}."
+        )
+
+
+def _moe_layer(dtype: torch.dtype) -> FusedMoE:
+    """A FusedMoE instance without its parallel-group set-up (CPU has none).
+
+    Carries the attributes FusedMoE.__init__ sets before it asks the quant
+    config for a method: sizes, EP rank/size, the runner config (gated SiLU,
+    as in Qwen3-MoE) and the FlashInfer TRT-LLM weight-order flag.
+    """
+    layer = FusedMoE.__new__(FusedMoE)
+    torch.nn.Module.__init__(layer)
+    layer.num_experts = 8
+    layer.num_local_experts = 8
+    layer.hidden_size = 256
+    layer.intermediate_size_per_partition = 128
+    layer.moe_ep_rank = 0
+    layer.moe_ep_size = 1
+    layer.moe_tp_size = 1
+    layer.top_k = 2
+    layer.use_flashinfer_trtllm_moe = False
+    layer.moe_runner_config = MoeRunnerConfig(
+        num_experts=8,
+        num_local_experts=8,
+        hidden_size=256,
+        intermediate_size_per_partition=128,
+        layer_id=0,
+        top_k=2,
+        params_dtype=dtype,
+        activation="silu",
+        is_gated=True,
+    )
+    return layer
+
+
+# The native ModelOpt NVFP4 MoE method swizzles block scales on the GPU inside
+# create_weights; on the CPU machine those cells stop at method selection.
+CREATE_WEIGHTS_NEEDS_CUDA = {("modelopt-moe", False)}
+
+
+def _build(quant_config, ckpt: Checkpoint, dtype: torch.dtype, create_weights: bool = True):
+    """Select the quant method for one layer and create its weights (CPU tensors)."""
+    if not ckpt.moe:
+        layer = ReplicatedLinear(
+            1024,
+            512,
+            bias=False,
+            params_dtype=dtype,
+            quant_config=quant_config,
+            prefix=ckpt.prefix,
+        )
+        return layer, layer.quant_method
+    layer = _moe_layer(dtype)
+    method = quant_config.get_quant_method(layer, prefix=ckpt.prefix)
+    assert method is not None, "the MoE layer was treated as excluded"
+    layer.params_dtype = dtype
+    if not create_weights:
+        return layer, method
+    method.create_weights(
+        layer,
+        num_experts=layer.num_experts,
+        hidden_size=layer.hidden_size,
+        intermediate_size_per_partition=layer.intermediate_size_per_partition,
+        params_dtype=dtype,
+        weight_loader=lambda *args, **kwargs: None,
+        intermediate_size_full=layer.intermediate_size_per_partition,
+    )
+    return layer, method
+
+
+def run_cell(ckpt: Checkpoint, backend: str, dtype: torch.dtype, create_weights: bool = True):
+    """Everything a server start does for an NVFP4 layer up to weight loading."""
+    fp4_utils.initialize_fp4_gemm_config(types.SimpleNamespace(fp4_gemm_runner_backend=backend))
+    resolved = fp4_utils.get_fp4_gemm_runner_backend().value
+    quant_config = _quant_config(ckpt)
+    _loader_capability_check(quant_config, ckpt.quantization)
+    assert dtype in quant_config.get_supported_act_dtypes()
+    layer, method = _build(quant_config, ckpt, dtype, create_weights)
+    return resolved, layer, method
+
+
+MARLIN_MIN = fp4_marlin_min_capability()
+
+
+def _check_cell(record_cell, cuda_device, ckpt_key, backend, dtype_name) -> None:
+    ckpt = CHECKPOINTS[ckpt_key]
+    dtype = DTYPES[dtype_name]
+    exp = expected_cell(cuda_device.capability, ckpt_key, backend, dtype, MARLIN_MIN)
+    if exp.error is not None:
+        err_type, needle = exp.error
+        with pytest.raises(err_type) as info:
+            fp4_utils.initialize_fp4_gemm_config(
+                types.SimpleNamespace(fp4_gemm_runner_backend=backend)
+            )
+            assert fp4_utils.get_fp4_gemm_runner_backend().value == exp.backend
+            quant_config = _quant_config(ckpt)
+            _loader_capability_check(quant_config, ckpt.quantization)
+            _build(quant_config, ckpt, dtype)
+        assert needle in str(info.value), f"wrong error: {info.value!r}"
+    else:
+        create = (ckpt_key, bool(exp.use_marlin)) not in CREATE_WEIGHTS_NEEDS_CUDA
+        resolved, layer, method = run_cell(ckpt, backend, dtype, create)
+        assert resolved == exp.backend
+        assert type(method).__name__ == exp.method
+        if exp.scheme is not None:
+            assert type(layer.scheme).__name__ == exp.scheme
+        if exp.use_marlin is not None:
+            assert getattr(method, "use_marlin", False) is exp.use_marlin
+        marlin_selected = exp.use_marlin or (exp.scheme or "").startswith("CompressedTensorsW4A16")
+        if ckpt.moe and marlin_selected:
+            # The weight-only MoE path must run on the Marlin MoE runner.
+            method.create_moe_runner(layer, layer.moe_runner_config)
+            runner = getattr(method, "runner", None) or layer.scheme.runner
+            assert runner.runner_backend is MoeRunnerBackend.MARLIN
+    record_cell()
+
+
+def _cells(caps, ckpts):
+    return [
+        pytest.param(cap, ckpt, backend, dtype, id=f"sm{cap[0]}{cap[1]}-{ckpt}-{backend}-{dtype}")
+        for cap in caps
+        for ckpt in ckpts
+        for backend in BACKENDS
+        for dtype in DTYPES
+    ]
+
+
+def _indirect(cells):
+    return pytest.mark.parametrize(
+        "cuda_device,ckpt_key,backend,dtype_name", cells, indirect=["cuda_device"]
+    )
+
+
+PRE_BLACKWELL = [c for c in CAPABILITIES if c < (10, 0)]
+BLACKWELL = [c for c in CAPABILITIES if c >= (10, 0)]
+
+
+# --------------------------------------------------------------------------
+# The tests
+# --------------------------------------------------------------------------
+
+
+@_indirect(_cells(CAPABILITIES, ["ct-dense", "ct-moe"]))
+def test_ct_matrix(record_cell, cuda_device, ckpt_key, backend, dtype_name):
+    """compressed-tensors W4A4 NVFP4: native scheme or weight-only Marlin scheme."""
+    _check_cell(record_cell, cuda_device, ckpt_key, backend, dtype_name)
+
+
+@_indirect(_cells(BLACKWELL, ["modelopt-dense", "modelopt-moe"]))
+def test_modelopt_matrix_blackwell(record_cell, cuda_device, ckpt_key, backend, dtype_name):
+    """ModelOpt NVFP4 on FP4-tensor-core GPUs: an explicit marlin request is honoured."""
+    _check_cell(record_cell, cuda_device, ckpt_key, backend, dtype_name)
+
+
+@_indirect(_cells(PRE_BLACKWELL, ["modelopt-dense", "modelopt-moe"]))
+def test_modelopt_matrix_pre_blackwell(record_cell, cuda_device, ckpt_key, backend, dtype_name):
+    """ModelOpt NVFP4 below SM100: Marlin, or the clear capability errors."""
+    _check_cell(record_cell, cuda_device, ckpt_key, backend, dtype_name)
+
+
+@pytest.mark.parametrize(
+    "cuda_device,backend",
+    [pytest.param(cap, b, id=f"sm{cap[0]}{cap[1]}-{b}") for cap in CAPABILITIES for b in BACKENDS],
+    indirect=["cuda_device"],
+)
+def test_backend_resolution(record_cell, cuda_device, backend):
+    """--fp4-gemm-backend: auto resolution and the NVFP4 Marlin decision per GPU."""
+    cap = cuda_device.capability
+    fp4_utils.initialize_fp4_gemm_config(types.SimpleNamespace(fp4_gemm_runner_backend=backend))
+    resolved = fp4_utils.get_fp4_gemm_runner_backend()
+    assert resolved.value == resolved_backend(cap, backend)
+    assert resolved.is_marlin() is (resolved.value == "marlin")
+    if resolved.value != "marlin" and cap < (10, 0):
+        with pytest.raises(ValueError, match="--fp4-gemm-backend marlin"):
+            fp4_utils.should_use_fp4_marlin()
+    else:
+        assert fp4_utils.should_use_fp4_marlin() is (resolved.value == "marlin")
+    record_cell()
+
+
+def test_fp4_gemm_backend_server_arg():
+    """`--fp4-gemm-backend marlin` parses and its help says what it does."""
+    import argparse
+
+    from sglang.srt.server_args import ServerArgs
+
+    parser = argparse.ArgumentParser()
+    ServerArgs.add_cli_args(parser)
+    ns = parser.parse_args(["--model-path", "x", "--fp4-gemm-backend", "marlin"])
+    assert ns.fp4_gemm_runner_backend == "marlin"
+    action = next(a for a in parser._actions if "--fp4-gemm-backend" in a.option_strings)
+    assert "marlin" in action.choices
+    assert "'marlin'" in action.help and "below SM100" in action.help
+    assert fp4_utils.Fp4GemmRunnerBackend("marlin").is_marlin()
+
+
+def test_min_capability():
+    """The loader gate for NVFP4 is 75; native W4A4 schemes still need SM100."""
+    from sglang.srt.layers.quantization.compressed_tensors import schemes
+    from sglang.srt.layers.quantization.modelopt_quant import (
+        ModelOptFp4Config,
+        ModelOptMixedPrecisionConfig,
+    )
+
+    assert ModelOptFp4Config.get_min_capability() == 75
+    # Mixed FP8/NVFP4 checkpoints are not part of the Marlin path: unchanged.
+    assert ModelOptMixedPrecisionConfig.get_min_capability() == 100
+    assert schemes.CompressedTensorsW4A16Fp4.get_min_capability() == 75
+    assert schemes.CompressedTensorsW4A16Nvfp4MoE.get_min_capability() == 75
+    assert schemes.CompressedTensorsW4A4Fp4.get_min_capability() == 100
+    assert schemes.CompressedTensorsW4A4Nvfp4MoE.get_min_capability() == 100
+
+
+# --------------------------------------------------------------------------
+# What the Marlin paths hand to the Marlin preparation (global-scale meaning)
+# --------------------------------------------------------------------------
+
+_PREPARE_MODULES = {
+    "modelopt-dense": "sglang.srt.layers.quantization.modelopt_quant",
+    "modelopt-moe": "sglang.srt.layers.quantization.modelopt_quant",
+    "ct-dense": (
+        "sglang.srt.layers.quantization.compressed_tensors.schemes.compressed_tensors_w4a16_nvfp4"
+    ),
+    "ct-moe": (
+        "sglang.srt.layers.quantization.compressed_tensors.schemes."
+        "compressed_tensors_w4a16_nvfp4_moe"
+    ),
+}
+
+
+def _fill(param: torch.nn.Parameter, gen: torch.Generator) -> torch.Tensor:
+    """Non-uniform positive values (as float32) written into a checkpoint tensor."""
+    values = torch.rand(param.shape, generator=gen) * 3.0 + 0.25
+    param.data.copy_(values.to(param.dtype))
+    return param.data.clone()
+
+
+@pytest.mark.parametrize("cuda_device", [pytest.param((10, 0), id="sm100")], indirect=True)
+@pytest.mark.parametrize(
+    "ckpt_key,trtllm_order",
+    [pytest.param(key, False, id=key) for key in CHECKPOINTS]
+    + [pytest.param("modelopt-moe", True, id="modelopt-moe-w31-loaded")],
+)
+def test_marlin_prepare_receives_multipliers(
+    cuda_device, monkeypatch, record_cell, ckpt_key, trtllm_order
+):
+    """ModelOpt weight_scale_2 is passed as is; compressed-tensors scales are inverted.
+
+    The Marlin repack needs CUDA, so the preparation functions are replaced by
+    recorders; everything before them (checkpoint tensors created by the real
+    method, after-loading processing) is SGLang's code.
+    """
+    ckpt = CHECKPOINTS[ckpt_key]
+    calls: list[dict] = []
+    module = importlib.import_module(_PREPARE_MODULES[ckpt_key])
+    name = "prepare_moe_nvfp4_layer_for_marlin" if ckpt.moe else "prepare_nvfp4_layer_for_marlin"
+    monkeypatch.setattr(module, name, lambda layer, **kw: calls.append(dict(kw, layer=layer)))
+
+    # SM100 with an explicit marlin request (upstream issue #43988's set-up);
+    # below SM100 auto reaches the same code (see the matrix).
+    _, layer, method = run_cell(ckpt, "marlin", torch.bfloat16)
+    gen = torch.Generator().manual_seed(7)
+    if ckpt_key == "modelopt-dense":
+        scale_2 = _fill(layer.weight_scale_2, gen)
+        method.process_weights_after_loading(layer)
+        (call,) = calls
+        torch.testing.assert_close(call["weight_global_scale"], scale_2.max())
+    elif ckpt_key == "ct-dense":
+        divisor = _fill(layer.weight_global_scale, gen)
+        method.process_weights_after_loading(layer)
+        (call,) = calls
+        torch.testing.assert_close(call["weight_global_scale"], 1.0 / divisor.max())
+        assert call["layer"].weight.shape == (512, 1024 // 2)
+        assert not hasattr(layer, "input_global_scale")
+    elif ckpt_key == "modelopt-moe":
+        layer.use_flashinfer_trtllm_moe = trtllm_order
+        w13 = layer.w13_weight.data
+        w13.copy_(torch.arange(w13.shape[1], dtype=torch.int32).view(1, -1, 1).expand_as(w13))
+        scale_13 = _fill(layer.w13_weight_scale_2, gen)
+        scale_13[:, 1] = scale_13[:, 0] * 2  # w3's scale differs: w1's is used
+        layer.w13_weight_scale_2.data.copy_(scale_13)
+        scale_2 = _fill(layer.w2_weight_scale_2, gen)
+        method.process_weights_after_loading(layer)
+        (call,) = calls
+        first = 0 if not trtllm_order else 1
+        torch.testing.assert_close(call["w13_global_scale"], scale_13[:, first])
+        torch.testing.assert_close(call["w2_global_scale"], scale_2)
+        # Marlin wants [w1, w3]; a [w3, w1] load is swapped back.
+        rows = call["layer"].w13_weight[0, :, 0].to(torch.int64)
+        half = w13.shape[1] // 2
+        expected = torch.arange(w13.shape[1])
+        if trtllm_order:
+            expected = torch.cat([expected[half:], expected[:half]])
+        assert torch.equal(rows, expected)
+    else:  # ct-moe
+        div_13 = _fill(layer.w13_weight_global_scale, gen)
+        div_2 = _fill(layer.w2_weight_global_scale, gen)
+        method.process_weights_after_loading(layer)
+        (call,) = calls
+        torch.testing.assert_close(call["w13_global_scale"], 1.0 / div_13[:, 0])
+        torch.testing.assert_close(call["w2_global_scale"], 1.0 / div_2)
+        assert not hasattr(layer, "w13_input_global_scale")
+    record_cell()
