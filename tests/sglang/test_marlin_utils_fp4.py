@@ -227,6 +227,8 @@ def test_supported_from_sm80(m, monkeypatch, cap, dtype):
 
 @pytest.mark.parametrize("dtype", [FP16, BF16, None])
 def test_sm75_refused_until_turing_path(m, monkeypatch, dtype):
+    # Without the Turing kernel path (patch 9) SM75 must be refused whatever the dtype.
+    monkeypatch.setattr(m, "_HAS_TURING_FP16_PATH", False)
     monkeypatch.setattr(m, "get_device_capability", lambda device_id=0: (7, 5))
     assert not m.is_fp4_marlin_supported(dtype)
     with pytest.raises(ValueError, match=r"Turing \(SM75\) Marlin kernel path is not"):
