@@ -2,10 +2,11 @@
 
 For each release in ``upstream.lock`` the wheel is fetched (cached; its sha256 is recorded into the
 lock the first time), materialized as a git repo under ``.work/upstream/<version>``, and every
-patch is judged twice: on its own on top of the release, and in series order on top of the
-release plus the earlier patches that applied. The in-series verdict is the one reported when all
-the patch's prerequisites (``Depends-On:`` and patches whose lines it touches) applied or are
-upstream; otherwise the patch is judged on its own.
+patch is judged twice: on its own on top of the release (``alone`` in the JSON details), and in
+series order on top of the release plus the earlier patches that applied. The in-series verdict is
+the one reported; ``judged`` says whether all its prerequisites (``Depends-On:``, patches whose
+lines it touches or whose files it edits) applied or are upstream (``in-series``) or not
+(``partial-series``, with ``prerequisites_not_applied``).
 
 Verdicts (no fuzz, ever):
   clean            ``git apply`` applies every hunk exactly at its line numbers
@@ -21,6 +22,12 @@ Verdicts (no fuzz, ever):
                    re-judged against the new path: ``details.moved_verdict``
   deleted          a file the patch edits is gone and nothing similar exists
 
+Series order: each patch is judged on the release plus, in series order, every earlier patch
+that applied there in full. When some of its prerequisites did not apply (``judged``:
+``partial-series``), hunks on files that only those patches create are left out and listed in
+``not_judged`` (naming the creator): a file the series itself failed to create is no evidence
+that upstream deleted anything. ``deleted`` needs a file that exists at the pin.
+
 Exit-status policy (``--policy``):
   newest (default)  exit 1 when, on the newest release checked, a patch's effective verdict
                     (``moved`` counts as its re-judged verdict) is ``conflict`` or ``deleted``:
@@ -28,7 +35,16 @@ Exit-status policy (``--policy``):
                     a warning (the patch must be trimmed), not a failure. Also exit 1 when the
                     newest release could not be checked at all.
   any               the same rule on every release checked.
-  report            never fail (exit 0); for dashboards.
+  baseline          (CI) exit 1 only when the fresh matrix differs from the committed one
+                    (``--baseline``, default reports/rebase-check.json): a patch edited, a
+                    release added or dropped, an upstream re-release. Each changed cell is
+                    printed (patch, release, old -> new; a moved patch as ``moved->x``) with the
+                    command that regenerates the baseline. Known conflicts already in the
+                    baseline do not fail. Also exit 1 when the baseline is missing, unreadable,
+                    or lists other patches than patches/series. Exit 0 when identical.
+  report            never fail (exit 0); for dashboards and for regenerating the baseline:
+                    scripts/rebase-check.sh --policy report --json reports/rebase-check.json
+                    --md reports/rebase-check.md
 """
 
 from __future__ import annotations
@@ -73,7 +89,7 @@ CODES = {
     "moved": "M",
     "deleted": "D",
 }
-POLICIES = ("newest", "any", "report")
+POLICIES = ("newest", "any", "baseline", "report")
 SIMILARITY = 0.5  # minimum content similarity for "moved"
 
 
@@ -507,6 +523,7 @@ class Verdict:
     moved_to: dict[str, str] = field(default_factory=dict)
     moved_verdict: str | None = None
     missing_files: list[str] = field(default_factory=list)
+    not_judged: list[dict[str, Any]] = field(default_factory=list)  # files of failed creators
     symbols: list[SymbolHit] = field(default_factory=list)
     symbol_source: str = ""
     apply_text: str | None = None  # the (possibly path-rewritten) patch that applies
@@ -534,6 +551,8 @@ class Verdict:
             d["hunks"] = self.hunks
         if self.missing_files:
             d["missing_files"] = self.missing_files
+        if self.not_judged:
+            d["not_judged"] = self.not_judged
         if self.symbols:
             d["symbols"] = {
                 "source": self.symbol_source,
@@ -679,33 +698,47 @@ def judge(
     release_tree: str,
     pin_tree: str,
     symbols: tuple[list[SymbolHit], str] | None = None,
+    series_files: dict[str, SeriesFile] | None = None,
 ) -> Verdict:
-    """Verdict of DOC on BASE_TREE (the release, or the release plus earlier series patches)."""
+    """Verdict of DOC on BASE_TREE (the release, or the release plus earlier series patches).
+
+    SERIES_FILES names the files earlier series patches create (not at the pin). A hunk on such
+    a file that BASE_TREE lacks is no evidence about upstream (its creator did not apply here):
+    it is left out, recorded in ``not_judged``, and the patch is judged by its other files.
+    """
     files = repo.ls(base_tree)
+    pin_files = repo.ls(pin_tree)
+    series_files = series_files or {}
     base_dirs = {p.rsplit("/", 1)[0] for p in files}
     renames: dict[str, str] = {}
     missing: list[str] = []
+    unjudged: dict[str, SeriesFile] = {}
     sims: dict[str, float] = {}
     for fd in doc.diff.files:
         if fd.is_new or fd.old_path is None or fd.old_path in files:
             continue
-        pin_blob = repo.ls(pin_tree).get(fd.old_path)
-        pin_text = repo.blob_text(pin_blob) if pin_blob else None
-        if pin_text is None and fd.blobs:
-            pin_text = repo.blob_text(fd.blobs[0])
-        found = find_moved(repo, fd.old_path, base_tree, pin_tree, pin_text)
+        pin_blob = pin_files.get(fd.old_path)
+        origin = series_files.get(fd.old_path) if pin_blob is None else None
+        if pin_blob is not None:
+            ref_text = repo.blob_text(pin_blob)
+        else:  # deterministic: the creator's text, never a blob that may or may not be stored
+            ref_text = origin.text if origin is not None else None
+        found = find_moved(repo, fd.old_path, base_tree, pin_tree, ref_text)
         if found:
             renames[fd.old_path], sims[fd.old_path] = found
-        else:
-            missing.append(fd.old_path)
+        elif pin_blob is not None:
+            missing.append(fd.old_path)  # at the pin, gone now, nothing similar: deleted
+        elif origin is not None:
+            unjudged[fd.old_path] = origin
+        # else: neither at the pin nor from an earlier patch: its hunks fail as conflicts
+    judged_files = [fd for fd in doc.diff.files if fd.old_path not in unjudged]
     # new files whose directory moved follow their siblings
     dir_moves = {
         old.rsplit("/", 1)[0]: new.rsplit("/", 1)[0]
         for old, new in renames.items()
         if old.rsplit("/", 1)[-1] == new.rsplit("/", 1)[-1]
     }
-    pin_files = repo.ls(pin_tree)
-    for fd in doc.diff.files:
+    for fd in judged_files:
         if fd.is_new and fd.new_path:
             d = fd.new_path.rsplit("/", 1)[0]
             if d in base_dirs:
@@ -719,7 +752,7 @@ def judge(
                         dir_moves[d] = moved[0].rsplit("/", 1)[0]
             if d in dir_moves:
                 renames[fd.new_path] = dir_moves[d] + "/" + fd.new_path.rsplit("/", 1)[1]
-    text = doc.diff.text(rename=renames or None)
+    text = "".join(fd.text(rename=renames or None) for fd in judged_files)
 
     def target(fd: FileDiff) -> str:
         p = fd.old_path or fd.new_path or ""
@@ -731,7 +764,7 @@ def judge(
 
     # per-hunk post-image presence (cheap, Python side)
     hunk_rows: list[dict[str, Any]] = []
-    for fd in doc.diff.files:
+    for fd in judged_files:
         cur = repo.file_text(base_tree, target(fd))
         for i, h in enumerate(fd.hunks):
             hunk_rows.append(
@@ -744,6 +777,17 @@ def judge(
 
     v = Verdict("conflict", symbols=sym_hits, symbol_source=sym_source, hunks=hunk_rows)
     v.missing_files = missing
+    v.not_judged = [
+        {
+            "file": fd.old_path or "",
+            "hunks": len(fd.hunks),
+            "from": unjudged[fd.old_path or ""].creator,
+            "reason": f"the file comes from {unjudged[fd.old_path or ''].creator}, "
+            "which is not applied on this tree: no evidence about upstream",
+        }
+        for fd in doc.diff.files
+        if fd.old_path in unjudged
+    ]
     if renames:
         v.moved_to = renames
         v.evidence = "; ".join(
@@ -752,6 +796,12 @@ def judge(
         )
 
     def finish(verdict: str, evidence: str) -> Verdict:
+        if v.not_judged:
+            skipped = "; ".join(
+                f"{n['file']} ({n['hunks']} hunk(s), from {n['from']})" for n in v.not_judged
+            )
+            what = "not judged, their creator is not applied here: " + skipped
+            evidence = f"{evidence}; {what}" if evidence else what
         if renames:
             v.verdict, v.moved_verdict = "moved", verdict
             v.evidence = f"{v.evidence}; then {verdict}: {evidence}" if evidence else v.evidence
@@ -760,11 +810,17 @@ def judge(
             v.evidence = evidence
         return v
 
+    if not judged_files:
+        creators = sorted({n["from"] for n in v.not_judged})
+        return finish(
+            "conflict",
+            f"nothing to judge: every file it edits comes from {', '.join(creators)}",
+        )
     fwd = repo.apply(text, base_tree)
     rev = repo.apply(text, base_tree, reverse=True) if not fwd.ok else None
     if not fwd.ok:  # same change, other layout: count hunks whose changed lines are all there
         k = 0
-        for fd in doc.diff.files:
+        for fd in judged_files:
             cur = repo.file_text(base_tree, target(fd)) if target(fd) not in missing else None
             for h in fd.hunks:
                 row = hunk_rows[k]
@@ -794,14 +850,14 @@ def judge(
     if missing:
         present = [r for r in hunk_rows if r["present"]]
         if present or found_syms:
-            return _partly(v, repo, doc, base_tree, renames, missing, found_syms, finish)
+            return _partly(v, repo, judged_files, base_tree, renames, missing, found_syms, finish)
         return finish("deleted", "gone without a similar file: " + ", ".join(missing))
     three = repo.apply(text, base_tree, three_way=True)
     if three.ok:
         v.apply_text = text
         v.three_way = True
         return finish("three-way", "applies only with git apply --3way (merged against the pin)")
-    return _partly(v, repo, doc, base_tree, renames, missing, found_syms, finish, three)
+    return _partly(v, repo, judged_files, base_tree, renames, missing, found_syms, finish, three)
 
 
 def _src_verb(source: str) -> str:
@@ -815,7 +871,7 @@ def _fmt_offsets(offsets: dict[str, list[int]]) -> str:
 def _partly(
     v: Verdict,
     repo: JudgeRepo,
-    doc: PatchDoc,
+    judged_files: Sequence[FileDiff],
     base_tree: str,
     renames: dict[str, str],
     missing: list[str],
@@ -825,7 +881,8 @@ def _partly(
 ) -> Verdict:
     """Per-hunk classification when the whole patch does not apply: present / applies / fails."""
     k = 0
-    for fd in doc.diff.files:
+    base_files = repo.ls(base_tree)
+    for fd in judged_files:
         path = fd.old_path or fd.new_path or ""
         tgt = renames.get(path, path)
         for i, h in enumerate(fd.hunks):
@@ -848,6 +905,8 @@ def _partly(
                 reason = "context or removed lines not found"
                 if fd.is_new:
                     reason = "file already exists with different content"
+                elif tgt not in base_files:
+                    reason = "no such file here: not at the pin, no earlier patch creates it"
                 else:
                     found = _what_is_there(h, repo.file_text(base_tree, tgt))
                     if found:
@@ -885,19 +944,32 @@ class PatchResult:
     verdict: Verdict
     alone: Verdict
     in_series: Verdict | None
-    judged: str  # "in-series" or "alone"
+    judged: str  # "in-series" (prerequisites applied) or "partial-series" (some did not)
     prerequisites: list[str]
+    failed_prerequisites: list[str] = field(default_factory=list)
+    stacked: list[str] = field(default_factory=list)  # earlier patches applied under it
 
     def as_dict(self) -> dict[str, Any]:
         d = self.verdict.as_dict()
         d["judged"] = self.judged
         if self.prerequisites:
             d["prerequisites"] = self.prerequisites
+        if self.failed_prerequisites:
+            d["prerequisites_not_applied"] = self.failed_prerequisites
+            d["judged_on"] = ["release", *self.stacked]
         if self.in_series is not None and self.in_series is not self.verdict:
             d["in_series"] = self.in_series.verdict
         if self.alone is not self.verdict:
             d["alone"] = self.alone.verdict
         return d
+
+
+@dataclass(frozen=True)
+class SeriesFile:
+    """A file an earlier series patch creates: which patch, and its text as created."""
+
+    creator: str
+    text: str
 
 
 def check_tree(
@@ -907,34 +979,74 @@ def check_tree(
     pin_tree: str,
     deps: dict[str, set[str]] | None = None,
 ) -> dict[str, PatchResult]:
-    """Judge every patch on RELEASE_TREE, alone and stacked in series order."""
+    """Judge every patch on RELEASE_TREE, alone and stacked in series order.
+
+    The reported verdict is always the stacked one: the release plus, in series order, every
+    earlier patch that applied in full. When some prerequisites did not apply, hunks on files
+    only they create are left out (``not_judged``), never taken as upstream deletions.
+    """
     deps = deps if deps is not None else derived_dependencies(docs)
     stack = release_tree
+    stacked: list[str] = []
+    created: dict[str, SeriesFile] = {}
     results: dict[str, PatchResult] = {}
     for doc in docs:  # one index scan per tree for the whole series
         repo.want(symbol_names(patch_symbols(doc)[0]))
     for doc in docs:
         syms = judge_symbols(repo, doc, release_tree, pin_tree)
         alone = judge(
-            repo, doc, release_tree, release_tree=release_tree, pin_tree=pin_tree, symbols=syms
+            repo,
+            doc,
+            release_tree,
+            release_tree=release_tree,
+            pin_tree=pin_tree,
+            symbols=syms,
+            series_files=created,
         )
         in_series = alone
         if stack != release_tree:
             in_series = judge(
-                repo, doc, stack, release_tree=release_tree, pin_tree=pin_tree, symbols=syms
+                repo,
+                doc,
+                stack,
+                release_tree=release_tree,
+                pin_tree=pin_tree,
+                symbols=syms,
+                series_files=created,
             )
         prereqs = sorted(deps.get(doc.name, set()))
-        ok = all(
-            p in results and results[p].verdict.effective in (*APPLIES, "upstream") for p in prereqs
-        )
-        chosen = in_series if ok else alone
+        failed = [
+            p
+            for p in prereqs
+            if p not in stacked
+            and not (
+                p in results
+                and results[p].verdict.effective == "upstream"
+                and not results[p].verdict.not_judged
+            )
+        ]
         results[doc.name] = PatchResult(
-            chosen, alone, in_series, "in-series" if ok else "alone", prereqs
+            in_series,
+            alone,
+            in_series,
+            "partial-series" if failed else "in-series",
+            prereqs,
+            failed,
+            list(stacked),
         )
-        if in_series.effective in APPLIES and in_series.apply_text is not None:
+        if (
+            in_series.effective in APPLIES
+            and in_series.apply_text is not None
+            and not in_series.not_judged
+        ):
             new = repo.apply_to_tree(in_series.apply_text, stack, three_way=in_series.three_way)
             if new is not None:
                 stack = new
+                stacked.append(doc.name)
+        for fd in doc.diff.files:
+            if fd.is_new and fd.new_path and fd.new_path not in created:
+                body = "".join(ln for h in fd.hunks for ln in h.new_lines())
+                created[fd.new_path] = SeriesFile(doc.name, body)
     return results
 
 
@@ -1043,11 +1155,90 @@ def _resolve(t: Target) -> str:
     return proc.stdout.strip()
 
 
-def apply_policy(m: Matrix, policy: str) -> tuple[int, list[str]]:
+def regenerate_command(json_path: str, md_path: str) -> str:
+    """The commands that rewrite and commit the baseline (printed when it is stale)."""
+    return (
+        f"bash scripts/rebase-check.sh --policy report --json {json_path} --md {md_path}"
+        f" && git add {json_path} {md_path}"
+        " && git commit -m 'Rebase check: regenerate the verdict matrix'"
+    )
+
+
+def load_baseline(path: Path, patches: Sequence[str], regen: str = "") -> dict[str, Any]:
+    """The committed matrix, checked to be usable as a baseline for PATCHES (the series)."""
+    hint = f"regenerate and commit it: {regen}" if regen else "regenerate it (--policy report)"
+    if not path.is_file():
+        raise SeriesError(f"baseline {path} does not exist", hint=hint)
+    try:
+        data = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
+        raise SeriesError(f"baseline {path} is not readable JSON: {exc}", hint=hint) from exc
+    if (
+        not isinstance(data, dict)
+        or not isinstance(data.get("releases"), list)
+        or not isinstance(data.get("patches"), list)
+        or not isinstance(data.get("verdicts"), dict)
+    ):
+        raise SeriesError(f"baseline {path} lacks `releases`, `patches` or `verdicts`", hint=hint)
+    if data["patches"] != list(patches):
+        old, new = data["patches"], list(patches)
+        diff = [f"-{x}" for x in old if x not in new] + [f"+{x}" for x in new if x not in old]
+        what = ", ".join(diff) if diff else "same patches, other order"
+        raise SeriesError(
+            f"baseline {path} was made for another series than patches/series ({what})",
+            hint=hint,
+        )
+    return data
+
+
+def _baseline_cell(data: dict[str, Any], patch: str, release: str) -> str:
+    if release not in data["releases"]:
+        return "(release not in matrix)"
+    v = data["verdicts"].get(patch, {}).get(release)
+    if v is None:
+        return "(not checked)"
+    if v == "moved":
+        moved = data.get("details", {}).get(patch, {}).get(release, {}).get("moved_verdict")
+        return f"moved->{moved}" if moved else v
+    return str(v)
+
+
+def _fresh_cell(m: Matrix, patch: str, release: str) -> str:
+    if release not in m.releases:
+        return "(release not in matrix)"
+    v = m.verdict(patch, release)
+    if v is None:
+        return "(not checked)"
+    if v.verdict == "moved":
+        return f"moved->{v.moved_verdict}" if v.moved_verdict else v.verdict
+    return v.verdict
+
+
+def baseline_changes(m: Matrix, data: dict[str, Any]) -> list[tuple[str, str, str, str]]:
+    """(patch, release, old, new) for every cell where M differs from the baseline DATA."""
+    releases = list(dict.fromkeys([*m.releases, *data["releases"]]))
+    patches = list(dict.fromkeys([*m.patches, *data["patches"]]))
+    out: list[tuple[str, str, str, str]] = []
+    for p in patches:
+        for r in releases:
+            old, new = _baseline_cell(data, p, r), _fresh_cell(m, p, r)
+            if old != new:
+                out.append((p, r, old, new))
+    return out
+
+
+def apply_policy(
+    m: Matrix, policy: str, baseline: dict[str, Any] | None = None
+) -> tuple[int, list[str]]:
     """Exit status and the reasons, per the documented policy."""
     if policy not in POLICIES:
         raise SeriesError(f"unknown policy {policy!r}", hint=f"use one of: {', '.join(POLICIES)}")
     failures: list[str] = []
+    if policy == "baseline":
+        if baseline is None:
+            raise SeriesError("policy baseline needs the committed matrix", hint="pass --baseline")
+        failures = [f"{p} on {r}: {o} -> {n}" for p, r, o, n in baseline_changes(m, baseline)]
+        return (1 if failures else 0), failures
     if policy == "report" or not m.releases:
         return 0, failures
     releases = m.releases if policy == "any" else m.releases[-1:]
@@ -1124,7 +1315,31 @@ def note_text(v: Verdict) -> str:
         bits.append("gone, nothing similar found: " + ", ".join(map(_short, v.missing_files)))
     if eff == "three-way":
         bits.append("needs git apply --3way")
+    if v.not_judged:
+        by_creator: dict[str, list[str]] = {}
+        for n in v.not_judged:
+            by_creator.setdefault(n["from"], []).append(_short(n["file"]))
+        for creator, paths in by_creator.items():
+            bits.append(
+                f"not judged: its hunks on {', '.join(paths)} (files {creator} creates; "
+                "that patch is not applied here, so they say nothing about upstream)"
+            )
     return "; ".join(bits)
+
+
+def result_note(r: PatchResult) -> str:
+    """Footnote for a cell: the verdict's evidence plus what it was judged on when some
+    prerequisites did not apply (an "applies" cell must not read as "fully verified")."""
+    v = r.verdict
+    text = note_text(v)
+    if r.failed_prerequisites and (v.effective in APPLIES or v.not_judged):
+        on = ", ".join(r.stacked) if r.stacked else "nothing else"
+        extra = (
+            f"judged on the release plus the earlier patches that applied ({on}); "
+            f"prerequisites not applied: {', '.join(r.failed_prerequisites)}"
+        )
+        text = f"{text}; {extra}" if text else extra
+    return text
 
 
 def to_markdown(m: Matrix, policy: str, exit_status: int, failures: list[str]) -> str:
@@ -1140,8 +1355,10 @@ def to_markdown(m: Matrix, policy: str, exit_status: int, failures: list[str]) -
         "# Rebase check",
         "",
         f"Series patches judged against every upstream release after the pin ({m.pin}).",
-        "Each cell is the in-series verdict when the patch's prerequisites applied, else the",
-        "verdict of the patch on its own (`judged` in the JSON, which also has every hunk).",
+        "Each cell is the verdict of the patch on the release plus the earlier patches that",
+        "applied there, in series order. When some prerequisites did not apply (`judged`:",
+        "`partial-series` in the JSON, which also has every hunk), hunks on files only they",
+        "create are not judged (`not_judged`): they say nothing about upstream.",
         "",
         "Codes: C clean · O offset · 3W three-way · X conflict · U upstream · P partly-upstream ·",
         "M→x moved (then re-judged as x) · D deleted · ! release not checked.",
@@ -1152,14 +1369,21 @@ def to_markdown(m: Matrix, policy: str, exit_status: int, failures: list[str]) -
     for p in m.patches:
         cells = []
         for r in m.releases:
-            v = m.verdict(p, r)
+            res = m.results.get(r, {}).get(p)
+            v = res.verdict if res else None
             c = _cell(v)
-            if v is not None and (
-                v.effective in ("conflict", "deleted", "partly-upstream")
-                or (v.effective == "upstream" and "symbol" in v.evidence)
-                or v.verdict == "moved"
+            if (
+                res is not None
+                and v is not None
+                and (
+                    v.effective in ("conflict", "deleted", "partly-upstream")
+                    or (v.effective == "upstream" and "symbol" in v.evidence)
+                    or v.verdict == "moved"
+                    or v.not_judged
+                    or (res.failed_prerequisites and v.effective in APPLIES)
+                )
             ):
-                c += note(f"{p}: {note_text(v)}")
+                c += note(f"{p}: {result_note(res)}")
             cells.append(c)
         out.append(f"| {p} | " + " | ".join(cells) + " |")
     out.append("")
@@ -1235,6 +1459,13 @@ def cmd_rebase_check(args: argparse.Namespace) -> int:
     docs = load_patch_docs(patches_dir)
     if not docs:
         raise SeriesError(f"the series in {patches_dir} is empty", hint="add patches first")
+    baseline: dict[str, Any] | None = None
+    regen = ""
+    if args.policy == "baseline":  # fail before the (minutes long) check when it cannot pass
+        base_path = Path(args.baseline) if args.baseline else root / "reports/rebase-check.json"
+        shown = _display(base_path, root)
+        regen = regenerate_command(shown, str(Path(shown).with_suffix(".md")))
+        baseline = load_baseline(base_path, [d.name for d in docs], regen)
     wanted = args.releases or [t.version for t in lock.targets]
     releases = [lock.release(v) for v in wanted]
     log = lambda s: print(s, file=sys.stderr, flush=True)  # noqa: E731
@@ -1252,7 +1483,7 @@ def cmd_rebase_check(args: argparse.Namespace) -> int:
             log(f"    {rel.version}: fetched and materialized in {took:.1f}s")
     repo = JudgeRepo(work / "rebase" / "judge")
     m = run_matrix(repo, docs, pin, targets, log=log)
-    status, failures = apply_policy(m, args.policy)
+    status, failures = apply_policy(m, args.policy, baseline)
     data = m.to_json(args.policy, status, failures)
     md = to_markdown(m, args.policy, status, failures)
     if args.json:
@@ -1265,7 +1496,24 @@ def cmd_rebase_check(args: argparse.Namespace) -> int:
         print(md)
     for f in failures:
         log(f"policy {args.policy}: {f}")
+    if args.policy == "baseline":
+        if status:
+            log(
+                f"policy baseline: {len(failures)} cell(s) differ from the committed matrix; "
+                "if the change is expected (patch edited, new or re-released upstream), "
+                f"regenerate and commit the baseline:\n    {regen}"
+            )
+        else:
+            log("policy baseline: the matrix equals the committed baseline")
     return status
+
+
+def _display(path: Path, root: Path) -> str:
+    """PATH relative to the project root when it lies inside it (for copy-paste commands)."""
+    try:
+        return str(path.resolve().relative_to(root.resolve()))
+    except ValueError:
+        return str(path)
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
@@ -1278,7 +1526,17 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--releases", nargs="+", metavar="VERSION", help="default: all lock targets")
     p.add_argument("--json", metavar="OUT", help="write the JSON matrix here")
     p.add_argument("--md", metavar="OUT", help="write the Markdown table here")
-    p.add_argument("--policy", choices=POLICIES, default="newest", help="exit-status policy")
+    p.add_argument(
+        "--policy",
+        choices=POLICIES,
+        default="newest",
+        help="exit-status policy (see above); CI uses baseline",
+    )
+    p.add_argument(
+        "--baseline",
+        metavar="JSON",
+        help="committed matrix for --policy baseline (default: reports/rebase-check.json)",
+    )
     p.add_argument("--lock", help="upstream.lock (default: the project's)")
     p.add_argument("--patches-dir", help="series directory (default: the project's patches/)")
     p.add_argument("--quiet", action="store_true", help="do not echo the table")

@@ -13,6 +13,7 @@ from pathlib import Path
 import pytest
 
 from fp4series import rebase_check as rc
+from fp4series.errors import SeriesError
 from fp4series.overlap import load_patch, load_patch_docs
 
 ENV = {
@@ -315,10 +316,134 @@ def test_series_order_and_alone(tmp_path: Path) -> None:
     assert r2["0002-b.patch"].alone.verdict == "conflict"  # B needs A's line as context
     r3 = m.results["0.0.3"]
     assert r3["0001-a.patch"].verdict.verdict == "conflict"
-    assert r3["0002-b.patch"].judged == "alone"  # its prerequisite failed
+    assert r3["0002-b.patch"].judged == "partial-series"  # its prerequisite failed
     assert r3["0002-b.patch"].prerequisites == ["0001-a.patch"]
+    assert r3["0002-b.patch"].failed_prerequisites == ["0001-a.patch"]
+    assert r3["0002-b.patch"].verdict.verdict == "conflict"
     assert lines[0].startswith("[1/2] 0.0.2: 2 patches judged in ")
     assert lines[1].startswith("[2/2] 0.0.3: 2 patches judged in ")
+
+
+SCHEME_PY = (
+    "class Scheme:\n"
+    + "".join(f"    def m{i}(self):\n        return {i}\n\n" for i in range(1, 8))
+    + "    @classmethod\n    def get_min_capability(cls):\n        return 100\n"
+)
+
+
+def _creator_series(tmp_path: Path) -> list[str]:
+    """Like 0006/0007/0008: C creates scheme.py (and edits b.py), M edits a.py line 5,
+    L (Depends-On C and M) edits C's new file and a.py line 30; O edits only C's file."""
+    pc = make_patch(
+        tmp_path,
+        "0001-c.patch",
+        PIN,
+        {"python/pkg/scheme.py": SCHEME_PY, "python/pkg/b.py": edit(B_PY, "1", "2")},
+    )
+    a_m = edit(A_PY, "value_5 = 5\n", "value_5 = 50\n")
+    pm = make_patch(tmp_path, "0002-m.patch", PIN, {"python/pkg/a.py": a_m})
+    after = {**PIN, "python/pkg/scheme.py": SCHEME_PY, "python/pkg/a.py": a_m}
+    low = edit(SCHEME_PY, "return 100\n", "return 75\n")
+    pl = make_patch(
+        tmp_path,
+        "0003-l.patch",
+        after,
+        {
+            "python/pkg/scheme.py": low,
+            "python/pkg/a.py": edit(a_m, "value_30 = 30\n", "value_30 = 75\n"),
+        },
+        trailers="Depends-On: 0001-c.patch, 0002-m.patch",
+    )
+    po = make_patch(
+        tmp_path,
+        "0004-o.patch",
+        {**after, "python/pkg/scheme.py": low},
+        {"python/pkg/scheme.py": edit(low, "return 1\n", "return 11\n")},
+    )
+    names = [pc.name, pm.name, pl.name, po.name]
+    (tmp_path / "patches" / "series").write_text("\n".join(names) + "\n")
+    return names
+
+
+def test_files_of_a_failed_prerequisite_are_not_judged_not_deleted(tmp_path: Path) -> None:
+    """Regression: 0008 was `deleted` where 0006 (which creates the files it edits) failed."""
+    c, mm, low, only = _creator_series(tmp_path)
+    docs = load_patch_docs(tmp_path / "patches")
+    pin = make_release(tmp_path, "0.0.1", PIN)
+    a_up = edit(A_PY, "value_5 = 5\n", "value_5 = 6\n")  # M conflicts everywhere
+    b_up = edit(B_PY, "1", "3")  # C conflicts from 0.0.3 on
+    rels = [
+        make_release(tmp_path, "0.0.2", {**PIN, "python/pkg/a.py": a_up}),
+        make_release(tmp_path, "0.0.3", {**PIN, "python/pkg/a.py": a_up, "python/pkg/b.py": b_up}),
+        make_release(
+            tmp_path,
+            "0.0.4",
+            {
+                **PIN,
+                "python/pkg/a.py": edit(a_up, "value_30 = 30\n", "value_30 = 80\n"),
+                "python/pkg/b.py": b_up,
+            },
+        ),
+        make_release(tmp_path, "0.0.5", {"python/pkg/b.py": b_up}),  # a.py really deleted
+    ]
+    m = rc.run_matrix(rc.JudgeRepo(tmp_path / "j"), docs, pin, rels, log=lambda s: None)
+    # 0.0.2: C applied, M did not: L is judged on release + C, in full, and applies
+    r = m.results["0.0.2"][low]
+    assert (r.verdict.verdict, r.judged, r.failed_prerequisites) == (
+        "clean",
+        "partial-series",
+        [mm],
+    )
+    assert r.stacked == [c] and not r.verdict.not_judged
+    assert r.alone.verdict != "deleted"  # alone (no C) it skips scheme.py too
+    # 0.0.3: C failed: scheme.py is not judged (named, with its creator); a.py decides: clean
+    r = m.results["0.0.3"][low]
+    assert m.results["0.0.3"][c].verdict.verdict == "conflict"
+    assert r.verdict.verdict == "clean", r.verdict.evidence
+    assert r.verdict.not_judged == [
+        {
+            "file": "python/pkg/scheme.py",
+            "hunks": 1,
+            "from": c,
+            "reason": f"the file comes from {c}, which is not applied on this tree: "
+            "no evidence about upstream",
+        }
+    ]
+    assert r.verdict.apply_text is not None and "scheme.py" not in r.verdict.apply_text
+    # ... and it is not put on the stack (it did not apply in full)
+    assert m.results["0.0.3"][only].stacked == []
+    # 0.0.4: upstream changed L's a.py line: conflict on a.py only, never `deleted`
+    r = m.results["0.0.4"][low]
+    assert r.verdict.verdict == "conflict"
+    assert [x["file"] for x in r.verdict.conflicts] == ["python/pkg/a.py"]
+    assert "value_30 = 80" in r.verdict.conflicts[0]["reason"]
+    # O edits nothing but C's file: conflict (nothing to judge), not deleted
+    r = m.results["0.0.4"][only]
+    assert r.verdict.verdict == "conflict"
+    assert "nothing to judge" in r.verdict.evidence and c in r.verdict.evidence
+    assert m.results["0.0.2"][only].verdict.verdict == "clean"  # C and L applied there
+    # 0.0.5: a.py (at the pin) is gone: that, and only that, is `deleted`
+    r = m.results["0.0.5"][low]
+    assert r.verdict.verdict == "deleted"
+    assert r.verdict.missing_files == ["python/pkg/a.py"]
+    assert [x["file"] for x in r.verdict.not_judged] == ["python/pkg/scheme.py"]
+    # outputs: JSON details and a Markdown note naming the creator
+    data = json.loads(json.dumps(m.to_json("report", 0, [])))
+    d = data["details"][low]["0.0.3"]
+    assert d["judged"] == "partial-series" and d["prerequisites_not_applied"] == [c, mm]
+    assert d["not_judged"][0]["from"] == c
+    assert data["verdicts"][low] == {
+        "0.0.2": "clean",
+        "0.0.3": "clean",
+        "0.0.4": "conflict",
+        "0.0.5": "deleted",
+    }
+    md = rc.to_markdown(m, "report", 0, [])
+    row = next(ln for ln in md.splitlines() if ln.startswith(f"| {low} |"))
+    cells = [c.strip().split("[")[0] for c in row.strip("|").split("|")[1:]]
+    assert cells == ["C", "C", "X", "D"]
+    assert f"not judged: its hunks on pkg/scheme.py (files {c} creates" in md
+    assert "prerequisites not applied: 0001-c.patch, 0002-m.patch" in md
 
 
 def _matrix_with(verdicts: dict[str, dict[str, str]]) -> rc.Matrix:
@@ -355,6 +480,66 @@ def test_policy_exit_codes() -> None:
     assert rc.apply_policy(unchecked, "newest")[0] == 1
     with pytest.raises(Exception, match="unknown policy"):
         rc.apply_policy(m, "lenient")
+
+
+def test_policy_baseline() -> None:
+    m = _matrix_with({"p1": {"1": "conflict", "2": "conflict"}, "p2": {"1": "clean", "2": "moved"}})
+    m.results["2"]["p2"].verdict.moved_verdict = "partly-upstream"
+    m.results["2"]["p2"].verdict.moved_to = {"old/k.h": "new/k.h"}
+    base = json.loads(json.dumps(m.to_json("report", 0, [])))
+    # honest conflicts already in the committed matrix do not fail CI
+    assert rc.apply_policy(m, "baseline", base) == (0, [])
+    assert rc.apply_policy(m, "newest")[0] == 1
+    # a patch edited / an upstream re-release: each changed cell, old -> new
+    m.results["1"]["p2"].verdict.verdict = "conflict"
+    m.results["2"]["p2"].verdict.moved_verdict = "conflict"  # moved->P became moved->X
+    status, why = rc.apply_policy(m, "baseline", base)
+    assert status == 1
+    assert why == [
+        "p2 on 1: clean -> conflict",
+        "p2 on 2: moved->partly-upstream -> moved->conflict",
+    ]
+    # a release added upstream (and one that could not be checked)
+    m2 = _matrix_with(
+        {
+            "p1": {"1": "conflict", "2": "conflict", "3": "clean"},
+            "p2": {"1": "clean", "2": "moved", "3": "clean"},
+        }
+    )
+    m2.results["2"]["p2"].verdict.moved_verdict = "partly-upstream"
+    m2.results["2"]["p2"].verdict.moved_to = {"old/k.h": "new/k.h"}
+    del m2.results["3"]
+    m2.errors["3"] = "wheel not found"
+    status, why = rc.apply_policy(m2, "baseline", base)
+    assert status == 1
+    assert why == [
+        "p1 on 3: (release not in matrix) -> (not checked)",
+        "p2 on 3: (release not in matrix) -> (not checked)",
+    ]
+    with pytest.raises(Exception, match="needs the committed matrix"):
+        rc.apply_policy(m, "baseline")
+
+
+def test_load_baseline_refuses_missing_or_other_series(tmp_path: Path) -> None:
+    path = tmp_path / "rebase-check.json"
+    with pytest.raises(SeriesError, match="does not exist") as exc:
+        rc.load_baseline(path, ["0001-a.patch"], "REGEN")
+    assert "REGEN" in exc.value.hint and exc.value.exit_code == 1
+    path.write_text("{not json")
+    with pytest.raises(SeriesError, match="not readable JSON"):
+        rc.load_baseline(path, ["0001-a.patch"], "REGEN")
+    path.write_text(json.dumps({"releases": ["1"], "patches": ["0001-a.patch"]}))
+    with pytest.raises(SeriesError, match="lacks"):
+        rc.load_baseline(path, ["0001-a.patch"], "REGEN")
+    base = {"releases": ["1"], "patches": ["0001-a.patch"], "verdicts": {}}
+    path.write_text(json.dumps(base))
+    with pytest.raises(SeriesError, match=r"another series .*-0001-a.patch, \+0001-b.patch"):
+        rc.load_baseline(path, ["0001-b.patch"], "REGEN")
+    with pytest.raises(SeriesError, match="same patches, other order"):
+        path.write_text(json.dumps({**base, "patches": ["0002-b.patch", "0001-a.patch"]}))
+        rc.load_baseline(path, ["0001-a.patch", "0002-b.patch"], "REGEN")
+    path.write_text(json.dumps(base))
+    assert rc.load_baseline(path, ["0001-a.patch"])["releases"] == ["1"]
 
 
 def test_json_and_markdown(tmp_path: Path) -> None:
@@ -401,7 +586,7 @@ def _sg(files: dict[str, str]) -> dict[str, str]:
 
 
 def test_cli_fetches_records_sha_and_writes_reports(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:
     """End to end with tooling-core's lock/upstream: wheels come from the cache (no network)."""
     change = _sg(A_CHANGE)
@@ -444,3 +629,27 @@ def test_cli_fetches_records_sha_and_writes_reports(
         w.unlink()
     assert run(["--releases", "0.0.2"]) == 0
     assert json.loads(out_json.read_text())["releases"] == ["0.0.2"]
+    # --policy baseline: regenerate with report, then an identical matrix passes ...
+    base_json, base_md = tmp_path / "reports" / "rebase-check.json", tmp_path / "reports" / "rc.md"
+    argv2 = argv[:5] + ["--json", str(base_json), "--md", str(base_md), "--quiet"]
+    args = parser.parse_args(argv2 + ["--policy", "report"])
+    assert args.func(args) == 0
+    bl = ["--policy", "baseline", "--baseline", str(base_json)]
+    assert run(bl) == 0
+    # ... a changed cell fails, naming it and the command that regenerates the baseline
+    data = json.loads(base_json.read_text())
+    data["verdicts"]["0001-a.patch"]["0.0.3"] = "conflict"
+    base_json.write_text(json.dumps(data))
+    capsys.readouterr()
+    assert run(bl) == 1
+    err = capsys.readouterr().err
+    assert "0001-a.patch on 0.0.3: conflict -> upstream" in err
+    assert "bash scripts/rebase-check.sh --policy report --json reports/rebase-check.json" in err
+    # ... and a missing baseline or one for another series fails before checking anything
+    with pytest.raises(SeriesError, match="does not exist") as exc:
+        run(["--policy", "baseline", "--baseline", str(tmp_path / "nope.json")])
+    assert exc.value.exit_code == 1
+    data["patches"] = ["0001-old.patch"]
+    base_json.write_text(json.dumps(data))
+    with pytest.raises(SeriesError, match="another series"):
+        run(bl)
