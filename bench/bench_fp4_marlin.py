@@ -482,6 +482,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--shapes", default=",".join(SHAPES))
     parser.add_argument("--ms", default=",".join(map(str, MS)))
     parser.add_argument("--no-moe", action="store_true")
+    parser.add_argument(
+        "--budget-s", type=float, default=None,
+        help="stop starting new shapes (and skip upstream/MoE) once this many seconds are spent",
+    )  # fmt: skip
     parser.add_argument("--upstream-worker", help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     if not torch.cuda.is_available():
@@ -502,7 +506,14 @@ def main(argv: Sequence[str] | None = None) -> int:
     print(f"[bench] copy bandwidth {bw:.2f} TB/s, L2 {l2_bytes() / 2**20:.0f} MiB", flush=True)
     rows: list[dict[str, Any]] = []
     fp4_tensors: dict[str, dict[str, torch.Tensor]] = {}
+    skipped: list[str] = []
+    last_shape_s = 0.0
     for i, shape in enumerate(shapes):
+        if args.budget_s is not None and time.time() - t0 + last_shape_s > args.budget_s:
+            skipped = shapes[i:]
+            print(f"[bench] time budget {args.budget_s:.0f} s: skipping {skipped}", flush=True)
+            break
+        t_shape = time.time()
         n, k = SHAPES[shape]
         base = fp4_weight_tensors(n, k, seed=100 + i)
         fp4 = bench_fp4(n, k, base, ms, args.replays)
@@ -518,8 +529,12 @@ def main(argv: Sequence[str] | None = None) -> int:
             })  # fmt: skip
         print(f"[bench] {shape}: done at {time.time() - t0:.0f} s", flush=True)
         torch.cuda.empty_cache()
+        last_shape_s = time.time() - t_shape
+    over = args.budget_s is not None and time.time() - t0 > args.budget_s
     upstream_note = ""
-    if args.upstream_tree:
+    if args.upstream_tree and over:
+        upstream_note = "upstream 0.5.23 not run: --budget-s spent"
+    elif args.upstream_tree:
         up, upstream_note = run_upstream(args.upstream_tree, fp4_tensors, ms, args.replays)
         for row in rows:
             got = up.get((row["shape"], row["m"]))
@@ -530,7 +545,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         upstream_note = "no --upstream-tree (FP4SERIES_UPSTREAM_TREE): upstream 0.5.23 not run"
     del fp4_tensors
     moe_note = ""
-    if not args.no_moe:
+    if not args.no_moe and over:
+        moe_note = "MoE not run: --budget-s spent"
+    elif not args.no_moe:
         try:
             moe_rows, moe_note = bench_moe(ms, args.replays, bw)
             for r in moe_rows:
@@ -555,6 +572,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         seconds=round(time.time() - t0, 1),
         upstream_note=upstream_note,
         moe_note=moe_note,
+        shapes_skipped_for_budget=skipped,
         rows=rows,
     )
     out = Path(args.out)

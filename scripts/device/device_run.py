@@ -124,11 +124,12 @@ def unpack(lay: Layout) -> None:
         "unpatched tree",
         lambda: _make_unpatched(lay, carry / "pin-jit.tar.xz", None),
     )
-    _once(
-        lay.up0523 / ".done",
-        "0.5.23 subset",
-        lambda: _extract(carry / "sglang-0523.tar.xz", lay.up0523),
-    )
+    if (carry / "sglang-0523.tar.xz").is_file():  # left out by `pack.py --no-0523`
+        _once(
+            lay.up0523 / ".done",
+            "0.5.23 subset",
+            lambda: _extract(carry / "sglang-0523.tar.xz", lay.up0523),
+        )
     _once(
         lay.sgl / ".done",
         "sgl_kernel subset",
@@ -141,6 +142,8 @@ def unpack(lay: Layout) -> None:
             (carry / "wheels-0523", lay.site0523),
         ):
             wheels = sorted(str(p) for p in wheel_dir.glob("*.whl"))
+            if not wheels:
+                continue
             cmd = [
                 sys.executable,
                 "-m",

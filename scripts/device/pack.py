@@ -11,9 +11,12 @@ Contents (all < 64 MiB together with the repository's own files):
   wheels/                 cp312 wheels the image lacks (apache-tvm-ffi, the sglang.srt import chain,
                           transformers 5.6.0 + tokenizers 0.22.2: the image's newer ones break it)
   lib/                    libnuma.so.1 (common_ops links it)
+  prebuilt/               JIT modules built on the CPU machine (scripts/device/prebuild.py; kept
+                          across re-packs: this script never builds or deletes them)
   meta.json               series revision, pin, file lists, sizes
 
-Usage: python scripts/device/pack.py [--carry .carry]
+Usage: python scripts/device/pack.py [--carry .carry] [--no-0523]
+  --no-0523               leave out the upstream 0.5.23 subset and its tvm-ffi wheel (size)
   FP4SERIES_PATCHED_TREE  python dir holding the patched sglang/ (default .work/checkout/python)
   FP4SERIES_PIN_TREE      python dir holding the pin's sglang/ (default .work/upstream/...)
   FP4SERIES_UPSTREAM_0523 dir holding 0.5.23's sglang/ (default: unpacked from the PyPI wheel)
@@ -150,7 +153,26 @@ def get_cuda_version():
 '''
 
 
-def pack(carry: Path) -> dict[str, object]:
+def _pack_0523(carry: Path, up: Path) -> int:
+    """The subset of upstream 0.5.23 its FP4 Marlin needs (benchmark comparison)."""
+    k = "sglang/kernels"
+    members = [(p, n) for p, n in _tree_files(up, k) if n.count("/") == 2 and p.suffix == ".py"]
+    members += _tree_files(up, f"{k}/jit/utils") + _tree_files(up, f"{k}/jit/include")
+    members += [(p, n) for p, n in _tree_files(up, f"{k}/jit") if n.count("/") == 3]
+    members += _tree_files(up, f"{k}/jit/csrc/gemm/marlin")
+    members += _tree_files(up, f"{k}/ops/gemm") + _tree_files(up, f"{k}/ops/quantization")
+    members += [(up / "sglang/srt/environ.py", "sglang/srt/environ.py")]
+    stub_dir = CACHE / "stub0523"
+    for rel, text in (("sglang/__init__.py", ""), (f"{k}/ops/__init__.py", ""),
+                      ("sglang/srt/__init__.py", ""), ("sglang/srt/utils/__init__.py", ""),
+                      ("sglang/srt/utils/common.py", UTILS_STUB)):  # fmt: skip
+        (stub_dir / rel).parent.mkdir(parents=True, exist_ok=True)
+        (stub_dir / rel).write_text(text)
+        members = [m for m in members if m[1] != rel] + [(stub_dir / rel, rel)]
+    return _tar_xz(carry / "sglang-0523.tar.xz", members)
+
+
+def pack(carry: Path, with_0523: bool = True) -> dict[str, object]:
     patched = _first_tree(
         [_env_path("FP4SERIES_PATCHED_TREE"), REPO / ".work" / "checkout" / "python"],
         "the patched python tree",
@@ -162,6 +184,12 @@ def pack(carry: Path) -> dict[str, object]:
         "the pin's python tree",
         "run `python -m fp4series fetch-upstream` or set FP4SERIES_PIN_TREE",
     )  # fmt: skip
+    keep = REPO / ".work" / "carry-prebuilt-keep"  # ignored; survives the rmtree below
+    if (carry / "prebuilt").is_dir():
+        if keep.exists():
+            shutil.rmtree(keep)
+        keep.parent.mkdir(parents=True, exist_ok=True)
+        (carry / "prebuilt").rename(keep)
     if carry.exists():
         shutil.rmtree(carry)
     (carry / "wheels").mkdir(parents=True)
@@ -183,22 +211,12 @@ def pack(carry: Path) -> dict[str, object]:
     del pin_jit
     sizes["pin-jit.tar.xz"] = _tar_xz(carry / "pin-jit.tar.xz", changed)
 
-    up = _upstream_0523()
-    k = "sglang/kernels"
-    members = [(p, n) for p, n in _tree_files(up, k) if n.count("/") == 2 and p.suffix == ".py"]
-    members += _tree_files(up, f"{k}/jit/utils") + _tree_files(up, f"{k}/jit/include")
-    members += [(p, n) for p, n in _tree_files(up, f"{k}/jit") if n.count("/") == 3]
-    members += _tree_files(up, f"{k}/jit/csrc/gemm/marlin")
-    members += _tree_files(up, f"{k}/ops/gemm") + _tree_files(up, f"{k}/ops/quantization")
-    members += [(up / "sglang/srt/environ.py", "sglang/srt/environ.py")]
-    stub_dir = CACHE / "stub0523"
-    for rel, text in (("sglang/__init__.py", ""), (f"{k}/ops/__init__.py", ""),
-                      ("sglang/srt/__init__.py", ""), ("sglang/srt/utils/__init__.py", ""),
-                      ("sglang/srt/utils/common.py", UTILS_STUB)):  # fmt: skip
-        (stub_dir / rel).parent.mkdir(parents=True, exist_ok=True)
-        (stub_dir / rel).write_text(text)
-        members = [m for m in members if m[1] != rel] + [(stub_dir / rel, rel)]
-    sizes["sglang-0523.tar.xz"] = _tar_xz(carry / "sglang-0523.tar.xz", members)
+    up = _upstream_0523() if with_0523 else None
+    if up is not None:
+        sizes["sglang-0523.tar.xz"] = _pack_0523(carry, up)
+    carry.mkdir(parents=True, exist_ok=True)
+    if keep.is_dir():
+        keep.rename(carry / "prebuilt")
 
     wheel = _sgl_kernel_wheel()
     sk_dir = CACHE / "sgl_kernel_subset"
@@ -220,7 +238,8 @@ def pack(carry: Path) -> dict[str, object]:
 
     wcache = CACHE / "wheels-cp312"
     _pip_download(WHEELS, wcache)
-    _pip_download(UPSTREAM_WHEELS, CACHE / "wheels-0523")
+    if with_0523:
+        _pip_download(UPSTREAM_WHEELS, CACHE / "wheels-0523")
     for spec in WHEELS:
         name, version = spec.split("==")
         for p in wcache.glob("*.whl"):
@@ -228,7 +247,8 @@ def pack(carry: Path) -> dict[str, object]:
             if dist.lower().replace("_", "-") == name and ver == version:
                 shutil.copy2(p, carry / "wheels" / p.name)
     for p in (CACHE / "wheels-0523").glob("apache_tvm_ffi-0.1.11-*.whl"):
-        shutil.copy2(p, carry / "wheels-0523" / p.name)
+        if with_0523:
+            shutil.copy2(p, carry / "wheels-0523" / p.name)
     if len(list((carry / "wheels").glob("*.whl"))) != len(WHEELS):
         raise SeriesError("some wheels were not downloaded", hint=f"check {wcache}")
 
@@ -242,7 +262,7 @@ def pack(carry: Path) -> dict[str, object]:
         "patched_tree": str(patched),
         "patched_tree_head": _git_head(patched),
         "pin_tree": str(pin),
-        "upstream_0523_tree": str(up),
+        "upstream_0523_tree": str(up) if up else "not carried (--no-0523)",
         "pin_jit_files": sorted(n for _, n in changed),
         "sgl_kernel_wheel": wheel.name,
         "sizes": sizes,
@@ -295,10 +315,11 @@ def travel_size(carry: Path) -> tuple[int, int]:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--carry", default=str(REPO / ".carry"))
+    parser.add_argument("--no-0523", action="store_true", help="leave out upstream 0.5.23")
     args = parser.parse_args(argv)
     carry = Path(args.carry)
     try:
-        meta = pack(carry)
+        meta = pack(carry, with_0523=not args.no_0523)
     except SeriesError as exc:
         print(f"error: {exc}\n  what to do: {exc.hint}", file=sys.stderr)
         return 1
