@@ -128,8 +128,10 @@ def make_loader(
         arch_list, ptx_only = _arch_key()
         kdir = kernel_dir()
         entry = find(manifest, name, arch_list, ptx_only, tree_hash(kdir))
-        if entry is None and name.startswith(ACT_PREFIX) and (
-            os.environ.get(ACT_FALLBACK_ENV) == "sgl_kernel"
+        if (
+            entry is None
+            and name.startswith(ACT_PREFIX)
+            and (os.environ.get(ACT_FALLBACK_ENV) == "sgl_kernel")
         ):
             _say(
                 f"{name}: no prebuilt (the pin's activation.cuh does not compile with nvcc "

@@ -261,7 +261,7 @@ def harvest_workers(lay: dr.Layout, out: Path | None) -> None:
         for line in logs[-1].read_text(errors="replace").splitlines():
             if line.startswith(f"[{suite}] {{"):
                 with contextlib.suppress(json.JSONDecodeError):
-                    cases.append(json.loads(line[len(suite) + 3:]))
+                    cases.append(json.loads(line[len(suite) + 3 :]))
         shutil.copy2(logs[-1], lay.logs / f"worker_{suite}.log")
         if suite == "repro":
             f = out / "numerics.json"
@@ -317,7 +317,8 @@ def run(lay: dr.Layout, out: Path | None, budget_s: float) -> int:
         e["FP4SERIES_PREBUILT_LOG"] = str(hook_log)
         e.setdefault("FP4SERIES_ACT_FALLBACK", "sgl_kernel")  # see prebuilt_hook.py
         e["LD_LIBRARY_PATH"] = os.pathsep.join(
-            [e.get("LD_LIBRARY_PATH", ""), "/usr/local/cuda/lib64"])  # libcudart.so.13
+            [e.get("LD_LIBRARY_PATH", ""), "/usr/local/cuda/lib64"]
+        )  # libcudart.so.13
     base = dict(envs["patched"])
     (lay.root / "tmp").mkdir(parents=True, exist_ok=True)
     base.update(
@@ -462,8 +463,10 @@ def print_table(lay: dr.Layout, out: Path | None) -> None:
     b = (out or lay.reports) / "bench.json"
     if b.is_file():
         for r in json.loads(b.read_text()).get("rows", []):
-            print(f"  bench {r['shape']:10s} m={r['m']:5d} fp4 {r['fp4_us']} us  bf16 "
-                  f"{r['bf16_us']} us  int4 {r['int4_us']} us  roof {r['roofline_us']:.1f} us")
+            print(
+                f"  bench {r['shape']:10s} m={r['m']:5d} fp4 {r['fp4_us']} us  bf16 "
+                f"{r['bf16_us']} us  int4 {r['int4_us']} us  roof {r['roofline_us']:.1f} us"
+            )
     hl = lay.root / "prebuilt_hook.log"
     if hl.is_file():
         compiled = [ln for ln in hl.read_text().splitlines() if "COMPILING" in ln]

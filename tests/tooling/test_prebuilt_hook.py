@@ -49,8 +49,14 @@ def setup(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> dict[str, Any]:
         "p90h": _entry("sgl_kernel_jit_gptq_marlin_fp16_t", "sm_90", hp, "p90h.so"),
         "u90": _entry("sgl_kernel_jit_gptq_marlin_bf16_t", "sm_90", hu, "u90.so"),
         "p75": _entry("sgl_kernel_jit_gptq_marlin_fp16_t", "compute_75", hp, "p75.so"),
-        "act": _entry("sgl_kernel_jit_activation_bf16_t_true", "sm_90", hp, "act.so",
-                      spec="act:bf16", also_tree_hashes=[hu]),  # fmt: skip
+        "act": _entry(
+            "sgl_kernel_jit_activation_bf16_t_true",
+            "sm_90",
+            hp,
+            "act.so",
+            spec="act:bf16",
+            also_tree_hashes=[hu],
+        ),  # fmt: skip
     }
     for e in files.values():
         (pre / e["file"][:-3]).write_bytes(b"\x7fELF fake")

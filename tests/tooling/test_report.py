@@ -185,7 +185,7 @@ def test_bench_schema_and_roofline(tmp_path: Path) -> None:
 
 
 def test_missing_dir_is_a_clear_error(tmp_path: Path) -> None:
-    args = type("A", (), {"dir": str(tmp_path / "nope")})()
+    args = type("A", (), {"dir": str(tmp_path / "nope"), "allow_none": False})()
     with pytest.raises(SeriesError) as err:
         report._cmd_check(args)  # type: ignore[arg-type]
     assert "does not exist" in str(err.value) and "gpu-proof.sh" in err.value.hint
@@ -213,3 +213,14 @@ def test_metadata_helpers(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> No
     meta = report.run_metadata("cmd", device="cpu")
     assert meta["pin"]["tag"] == "v0.5.11" and len(meta["pin"]["wheel_sha256"]) == 64
     assert report.json_number(float("inf")) is None and report.json_number(1.5) == 1.5
+
+
+def test_allow_none_passes_only_an_empty_report_dir(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    args = type("A", (), {"dir": str(tmp_path), "allow_none": True})()
+    assert report._cmd_check(args) == 0  # type: ignore[arg-type]
+    assert "GPU proof pending" in capsys.readouterr().out
+    _write(tmp_path, bench={"rows": []})
+    with pytest.raises(SeriesError):
+        report._cmd_check(args)  # type: ignore[arg-type]

@@ -13,7 +13,10 @@ if os.environ.get("FP4SERIES_PREBUILT_DIR"):
 
         prebuilt_hook.install()
     except Exception as exc:  # never break interpreter start-up; say it loudly
-        print(f"[prebuilt] hook NOT installed ({type(exc).__name__}: {exc}): JIT compiles",
-              file=sys.stderr, flush=True)
+        print(
+            f"[prebuilt] hook NOT installed ({type(exc).__name__}: {exc}): JIT compiles",
+            file=sys.stderr,
+            flush=True,
+        )
     finally:
         del sys.path[0]
