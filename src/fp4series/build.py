@@ -28,7 +28,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from fp4series import compile_check
-from fp4series.errors import SeriesError
+from fp4series.errors import SeriesError, run_reporting_errors
 
 PIN_TAG = "v0.5.11"  # fallback when upstream.lock cannot be read
 PIN_WHEEL = "sglang-0.5.11-cp311-cp311-manylinux_2_34_x86_64.whl"
@@ -642,13 +642,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     v.add_argument("--python")
     v.set_defaults(func=_cmd_venv)
     args = parser.parse_args(argv)
-    try:
-        return int(args.func(args))
-    except SeriesError as exc:
-        print(f"error: {exc}", file=sys.stderr)
-        if exc.hint:
-            print(f"  what to do: {exc.hint}", file=sys.stderr)
-        return 1
+    return run_reporting_errors(args.func, args)
 
 
 if __name__ == "__main__":

@@ -11,7 +11,7 @@ import importlib
 import sys
 from collections.abc import Sequence
 
-from fp4series.errors import SeriesError
+from fp4series.errors import run_reporting_errors
 
 COMMAND_MODULES = (
     "fp4series.upstream",  # fetch / materialize / resolve-commit
@@ -41,13 +41,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
-    try:
-        return int(args.func(args))
-    except SeriesError as exc:
-        print(f"error: {exc}", file=sys.stderr)
-        if exc.hint:
-            print(f"  what to do: {exc.hint}", file=sys.stderr)
-        return exc.exit_code
+    return run_reporting_errors(args.func, args)
 
 
 if __name__ == "__main__":
