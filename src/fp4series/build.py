@@ -28,6 +28,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from fp4series import compile_check
+from fp4series.digest import sha256_file
 from fp4series.errors import SeriesError, run_reporting_errors
 
 PIN_TAG = "v0.5.11"  # fallback when upstream.lock cannot be read
@@ -85,14 +86,6 @@ class Steps:
 
 
 # ----------------------------------------------------------------------------- hashing, stamps
-
-
-def sha256_file(path: Path) -> str:
-    h = hashlib.sha256()
-    with path.open("rb") as f:
-        for chunk in iter(lambda: f.read(1 << 20), b""):
-            h.update(chunk)
-    return h.hexdigest()
 
 
 def inputs_hash(files: Sequence[Path], extra: Sequence[str] = ()) -> str:

@@ -25,7 +25,6 @@ import argparse
 import base64
 import contextlib
 import csv
-import hashlib
 import io
 import os
 import re
@@ -42,6 +41,7 @@ from pathlib import Path
 from git import Repo
 
 from fp4series import gitops, paths
+from fp4series.digest import sha256_file
 from fp4series.errors import SeriesError
 from fp4series.lock import Lock, Release, load_lock, record_pin_commit, record_target_sha256
 from fp4series.progress import Progress
@@ -59,14 +59,6 @@ _OFFLINE_MARKERS = (
     "Could not fetch URL",
     "timed out",
 )
-
-
-def sha256_file(path: Path) -> str:
-    h = hashlib.sha256()
-    with open(path, "rb") as fh:
-        for chunk in iter(lambda: fh.read(1 << 20), b""):
-            h.update(chunk)
-    return h.hexdigest()
 
 
 def _pip_command(package: str, version: str, dest: Path) -> list[str]:
