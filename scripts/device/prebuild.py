@@ -46,6 +46,10 @@ def _force_arch(arch: str) -> None:
     jit_utils._CUDA_ARCH = jit_utils.ArchInfo(major, minor, "")
     code = f"compute_{num}" if kind == "compute" else f"sm_{num}"
     target = f"-gencode=arch=compute_{num},code={code}"
+    if kind == "compute":
+        # PTX text: xz (pack) shrinks it far more than the fatbin's own compression does,
+        # and the carry is size-limited
+        target += " --no-compress"
     tvm_ext._get_cuda_target = lambda: target
 
 

@@ -126,7 +126,11 @@ def make_loader(
 
     def load_inline(name: str, *args: Any, **kwargs: Any) -> Any:
         arch_list, ptx_only = _arch_key()
-        kdir = kernel_dir()
+        try:
+            kdir = kernel_dir()
+        except ImportError as exc:
+            _say(f"{name}: cannot locate this tree's JIT sources ({exc}) -> COMPILING")
+            return original(name, *args, **kwargs)
         entry = find(manifest, name, arch_list, ptx_only, tree_hash(kdir))
         if (
             entry is None
@@ -174,9 +178,11 @@ def install() -> bool:
         return True
 
     def kernel_dir() -> Path:
-        from sglang.jit_kernel import utils as jit_utils
-
-        return Path(jit_utils.KERNEL_PATH).resolve()
+        try:  # the pin's layout
+            from sglang.jit_kernel.utils import KERNEL_PATH
+        except ImportError:  # upstream 0.5.23 (the benchmark's comparison tree)
+            from sglang.kernels.jit.utils.compile.paths import KERNEL_PATH
+        return Path(KERNEL_PATH).resolve()
 
     loader = make_loader(prebuilt_dir, tvm_ffi.cpp.load_inline, tvm_ffi.load_module, kernel_dir)
     loader._fp4series_prebuilt = True  # type: ignore[attr-defined]

@@ -79,6 +79,11 @@ def unpack(lay: dr.Layout) -> Path:
             lay.site.mkdir(parents=True, exist_ok=True)
             for w in sorted((carry / "wheels").glob("*.whl")):
                 jobs.append(pool.submit(_unzip_wheel, w, lay.site / ("_w_" + w.name)))
+        # upstream 0.5.23 (benchmark comparison) and the tvm-ffi 0.1.11 it pins
+        if (carry / "sglang-0523.tar.xz").is_file() and not (lay.up0523 / ".done").is_file():
+            jobs.append(pool.submit(dr._extract, carry / "sglang-0523.tar.xz", lay.up0523))
+            for w in sorted((carry / "wheels-0523").glob("*.whl")):
+                jobs.append(pool.submit(_unzip_wheel, w, lay.site0523))
         prebuilt.mkdir(parents=True, exist_ok=True)
         manifest = carry / "prebuilt" / "manifest.json"
         if manifest.is_file():
@@ -98,6 +103,8 @@ def unpack(lay: dr.Layout) -> Path:
         shutil.rmtree(d)
     for stamp in (lay.patched / ".done", lay.sgl / ".done", lay.site / ".done"):
         stamp.write_text(str(time.time()))
+    if lay.up0523.is_dir():
+        (lay.up0523 / ".done").write_text(str(time.time()))
     lay.lib.mkdir(parents=True, exist_ok=True)
     for p in (carry / "lib").glob("*"):
         shutil.copy2(p, lay.lib / p.name)
@@ -239,7 +246,7 @@ def merge_numerics(out: Path | None, stage_dirs: list[tuple[str, Path]]) -> None
         if t.is_file() and out is not None:
             shutil.copy2(t, out / "turing_ptx.json")
     if merged is not None:
-        merged["command"] = "scripts/device/run.sh prebuilt"
+        merged["command"] = report_command()
         merged["prebuilt"] = SUMMARY["prebuilt"]
         if out is not None:
             _atomic(out / "numerics.json", json.dumps(merged, indent=1))
@@ -276,10 +283,18 @@ def harvest_workers(lay: dr.Layout, out: Path | None) -> None:
         elif not (out / "turing_ptx.json").is_file() and cases:
             for c in cases:
                 c["arch"] = "compute_75"
-            data = {"arch": "compute_75", "cases": cases, "command": "scripts/device/run.sh "
-                    "prebuilt", "note": "harvested from the compute_75 worker log"}  # fmt: skip
+            data = {"arch": "compute_75", "cases": cases, "command": report_command(),
+                    "note": "harvested from the compute_75 worker log"}  # fmt: skip
             _atomic(out / "turing_ptx.json", json.dumps(data, indent=1))
         SUMMARY["stages"][f"worker_{suite}"] = {"status": f"{len(cases)} cases in its log"}
+
+
+def report_command() -> str:
+    """The command line as reports record it (the settings that shape the run included)."""
+    knobs = " ".join(f"{k}={os.environ[k]}" for k in sorted(os.environ)
+                     if k.startswith(("FP4SERIES_BUDGET", "FP4SERIES_BENCH")))  # fmt: skip
+    run = "scripts/device/run.sh prebuilt (.carry from scripts/device/pack.sh)"
+    return f"{knobs} {run}" if knobs else run
 
 
 def _atomic(path: Path, text: str) -> None:
@@ -324,7 +339,7 @@ def run(lay: dr.Layout, out: Path | None, budget_s: float) -> int:
     base.update(
         TMPDIR=str(lay.root / "tmp"),  # the variant workers' logs land here (harvest_workers)
         FP4SERIES_REQUIRE_GPU="1",
-        FP4SERIES_REPORT_COMMAND="scripts/device/run.sh prebuilt",
+        FP4SERIES_REPORT_COMMAND=report_command(),
         FP4SERIES_UNPATCHED_TREE=str(lay.unpatched),
         FP4SERIES_UNPATCHED_CACHE=lay.cache_dir("unpatched"),
         FP4SERIES_C75_CACHE=lay.cache_dir("compute75"),
@@ -349,6 +364,25 @@ def run(lay: dr.Layout, out: Path | None, budget_s: float) -> int:
             log(f"{what}: NOT PREBUILT {missing}{then}")
         return allow_compile or not missing
 
+    # FP4SERIES_STAGES: any of "numerics" (sm_90 tests/gpu), "compute75", "bench" (default:
+    # all). pack.py --split makes the carries of two calls (numerics | compute75,bench)
+    wanted = set(os.environ.get("FP4SERIES_STAGES", "numerics,compute75,bench").split(","))
+    up_build: subprocess.Popen[bytes] | None = None
+    up_rc = lay.root / "up0523_build.rc"
+    if "bench" in wanted and "up0523" in envs and os.environ.get("FP4SERIES_UPSTREAM", "1") == "1":
+        # nothing prebuilt for 0.5.23 (other tvm-ffi, other tree layout): compile it here
+        # while the tests run, so the benchmark's comparison finds it in its cache
+        up_env = dict(envs["up0523"], TVM_FFI_CACHE_DIR=lay.cache_dir("up0523"))
+        up_rc.unlink(missing_ok=True)
+        warm = [sys.executable, str(REPO / "tests" / "gpu" / "_jitenv.py"), "warm",
+                "up_gptq_marlin:bf16", "up_repack"]  # fmt: skip
+        # the exit status lands in up_rc; the benchmark waits for it before 0.5.23's turn
+        up_build = subprocess.Popen(
+            ["sh", "-c", '"$@"; echo $? > "$0"', str(up_rc), *warm],
+            env=up_env, cwd=str(REPO), stdout=(lay.logs / "build_up0523.log").open("w"),
+            stderr=subprocess.STDOUT, start_new_session=True,
+        )  # fmt: skip
+        log("upstream 0.5.23 modules: compiling in the background")
     py = [sys.executable, "-m", "pytest", "-q", "-rA", "-p", "no:cacheprovider"]
     nm = "tests/gpu/test_marlin_numerics.py"
     stages: list[Stage] = []
@@ -379,24 +413,25 @@ def run(lay: dr.Layout, out: Path | None, budget_s: float) -> int:
         fp16_tests.append(f"{nm}::test_dense")
     if ready("fp16_moe"):
         fp16_tests.append(f"{nm}::test_moe")
-    kexpr = "float16 and not bfloat16"
-    c75 = ready("c75")
-    if c75:
-        fp16_tests.append("tests/gpu/test_kernel_repro.py::test_turing_compute75_ptx")
-        kexpr = f"({kexpr}) or compute75"
-    else:
-        SUMMARY["stages"]["compute75"] = {"status": "not run: compute_75 modules not prebuilt"}
     if fp16_tests:
-        add("fp16" + ("_c75" if c75 else ""), [*fp16_tests, "-k", kexpr],
-            None if c75 else {"FP4SERIES_SKIP_TURING": "1"})  # fmt: skip
+        add("fp16", [*fp16_tests, "-k", "float16 and not bfloat16"])
     else:
         SUMMARY["stages"]["fp16"] = {"status": "not run: fp16 modules not prebuilt"}
+    if ready("c75"):  # its own session: the driver JIT-compiles the compute_75 PTX
+        add("compute75", ["tests/gpu/test_kernel_repro.py::test_turing_compute75_ptx"])
+    else:
+        SUMMARY["stages"]["compute75"] = {"status": "not run: compute_75 modules not prebuilt"}
     if "patched:gptq_marlin:bf16:sm_90" in have or allow_compile:
         add("tracing", ["tests/gpu/test_tracing.py"])
     else:
         SUMMARY["stages"]["tracing"] = {"status": "not run: gptq_marlin bf16 not prebuilt"}
 
-    bench_s = float(os.environ.get("FP4SERIES_BENCH_S", "70"))
+    for st in list(stages):
+        if ("compute75" if st.name == "compute75" else "numerics") not in wanted:
+            SUMMARY["stages"][st.name] = {"status": "not run: FP4SERIES_STAGES"}
+            stages.remove(st)
+            stage_dirs[:] = [(n, d) for n, d in stage_dirs if n != st.name]
+    bench_s = float(os.environ.get("FP4SERIES_BENCH_S", "70")) if "bench" in wanted else 0.0
     group1_deadline = time.time() + max(60.0, left() - bench_s)
     for s in stages:
         s.start()
@@ -421,14 +456,26 @@ def run(lay: dr.Layout, out: Path | None, budget_s: float) -> int:
     write_logs(out, lay)
     # group 2: the benchmark alone on the GPU
     b_left = left() - 8
-    if b_left < 30 or not have.get("patched:gptq_marlin:bf16:sm_90"):
+    if "bench" not in wanted:
+        SUMMARY["stages"]["bench"] = {"status": "not run: FP4SERIES_STAGES"}
+    elif b_left < 30 or not have.get("patched:gptq_marlin:bf16:sm_90"):
         SUMMARY["stages"]["bench"] = {"status": f"not run: {b_left:.0f}s left / module missing"}
     else:
         benv = dict(base, FP4SERIES_REPORT_DIR=str(lay.reports))
-        shapes = os.environ.get("FP4SERIES_BENCH_SHAPES", "qkv_8b,o_8b,gate_up_8b,down_8b")
+        if up_build is not None:  # the benchmark waits for up_rc before 0.5.23's turn
+            extra = [str(lay.site0523), *([str(sgl_dir)] if sgl_dir else []), str(lay.site)]
+            benv.update(FP4SERIES_UPSTREAM_TREE=str(lay.up0523),
+                        FP4SERIES_UPSTREAM_CACHE=lay.cache_dir("up0523"),
+                        FP4SERIES_UPSTREAM_BUILD_RC=str(up_rc),
+                        FP4SERIES_UPSTREAM_EXTRA_PATH=json.dumps(extra))  # fmt: skip
+        shapes = os.environ.get("FP4SERIES_BENCH_SHAPES", "")
+        ms = os.environ.get("FP4SERIES_BENCH_MS", "1,2,4,8,16,32,64,128,256,1024")
         cmd = [sys.executable, "bench/bench_fp4_marlin.py", "--out", str(lay.reports),
-               "--shapes", shapes, "--ms", os.environ.get("FP4SERIES_BENCH_MS", "1,16,64,256"),
-               "--no-moe", "--replays", "5", "--budget-s", str(int(b_left - 12))]  # fmt: skip
+               *(["--shapes", shapes] if shapes else []), "--ms", ms,
+               "--replays", os.environ.get("FP4SERIES_BENCH_REPLAYS", "5"),
+               "--budget-s", str(int(b_left - 12))]  # fmt: skip
+        if os.environ.get("FP4SERIES_BENCH_MOE", "1") != "1":
+            cmd.append("--no-moe")
         b = Stage("bench", cmd, benv, lay.logs / "bench.log", None)
         b.start()
         with contextlib.suppress(subprocess.TimeoutExpired):
@@ -436,9 +483,14 @@ def run(lay: dr.Layout, out: Path | None, budget_s: float) -> int:
         b.stop()
         b.record()
         if out is not None:
-            for n in ("bench.json", "bench.md"):
+            for n in ("bench.json", "bench.md", "bench.png"):
                 if (lay.reports / n).is_file():
                     shutil.copy2(lay.reports / n, out / n)
+    if up_build is not None:
+        SUMMARY["stages"]["build_up0523"] = {
+            "rc": up_rc.read_text().strip() if up_rc.is_file() else "not finished",
+            "log_tail": (lay.logs / "build_up0523.log").read_text(errors="replace")[-1500:],
+        }
     SUMMARY["seconds_after_unpack"] = round(time.time() - t_begin, 1)
     write_logs(out, lay)
     print_table(lay, out)

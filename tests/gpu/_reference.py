@@ -14,6 +14,7 @@ Everything here runs on any device (CPU included) so the reference itself is tes
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 import torch
@@ -22,8 +23,13 @@ import torch
 FP4_E2M1_MAGNITUDES: tuple[float, ...] = (0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0)
 FP4_E2M1_VALUES: tuple[float, ...] = FP4_E2M1_MAGNITUDES + tuple(-v for v in FP4_E2M1_MAGNITUDES)
 GROUP = 16
-SMALL_SCALE_LIMIT = 2.0**-6  # smallest normal E4M3 value; bf16 Marlin needs care below it
 E4M3_MAX = 448.0
+E4M3_MIN_NORMAL = 2.0**-6
+E4M3_MIN_SUBNORMAL = 2.0**-9
+# bf16 Marlin decodes block scales down to 2^-15 of a tensor's largest one; with the largest at
+# 448 (what the NVFP4 recipe writes: global = 448 * 6 / amax) that is every E4M3 normal. Smaller
+# ones (E4M3 subnormals) are flushed to zero with a warning at load; fp16 decodes all of them.
+SMALLEST_BLOCK_SCALE = {torch.float16: E4M3_MIN_SUBNORMAL, torch.bfloat16: E4M3_MIN_NORMAL}
 
 
 def fp4_table(device: torch.device | str = "cpu") -> torch.Tensor:
@@ -77,40 +83,49 @@ class Nvfp4Weight:
 
     packed: torch.Tensor  # uint8 [..., N, K/2]
     scales: torch.Tensor  # float8_e4m3fn [..., N, K/16]
-    small_rows: torch.Tensor  # bool [..., N]: rows whose block scales are all < 2^-6
+    small_rows: torch.Tensor  # bool [..., N]: rows whose block scales all lie near the floor
 
 
 def random_block_scales(
     shape: tuple[int, ...],
     gen: torch.Generator,
+    smallest: float = E4M3_MIN_SUBNORMAL,
     small_row_fraction: float = 0.125,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Non-uniform E4M3 block scales ``[..., N, G]`` and the mask of "small" rows ``[..., N]``.
 
-    Normal rows: log-uniform in [2^-3, 2^8] (E4M3 normals, up to 256 < 448).
-    Small rows: log-uniform in [2^-9, 2^-6.2] (E4M3 subnormals and the lowest normals), so a
-    kernel that mis-decodes block scales below 2^-6 (the bf16 exponent-bias hazard) gets these
-    rows wrong even though they carry little energy; the test checks them separately.
+    Shaped like a real NVFP4 checkpoint: the largest scale of every tensor (every expert) is
+    448, other rows are log-uniform in [2^-3, 448]. Small rows are log-uniform in
+    [smallest, 2^2.8 * smallest]: a kernel that mis-decodes scales near the floor gets these
+    rows wrong although they carry little energy, so the tests check them separately.
+    ``smallest`` is 2^-9 (E4M3 subnormals) for fp16 and 2^-6 for bf16 (SMALLEST_BLOCK_SCALE).
     """
     *lead, n, g = shape
     dev = gen.device
-    log2 = torch.empty(shape, device=dev).uniform_(-3.0, 8.0, generator=gen)
+    log2 = torch.empty(shape, device=dev).uniform_(-3.0, math.log2(E4M3_MAX), generator=gen)
     small = torch.rand((*lead, n), generator=gen, device=dev) < small_row_fraction
-    small_log2 = torch.empty(shape, device=dev).uniform_(-9.0, -6.2, generator=gen)
+    small[..., 0] = False  # row 0 holds the tensor's largest scale
+    floor = math.log2(smallest)
+    small_log2 = torch.empty(shape, device=dev).uniform_(floor, floor + 2.8, generator=gen)
     log2 = torch.where(small.unsqueeze(-1), small_log2, log2)
-    # E4M3 rounding may land a subnormal on zero: keep every scale >= 2^-9 (the smallest).
-    scales = torch.exp2(log2).clamp(min=2.0**-9, max=E4M3_MAX).to(torch.float8_e4m3fn)
+    log2[..., 0, 0] = math.log2(E4M3_MAX)
+    # E4M3 rounding may land a subnormal on zero: keep every scale >= smallest.
+    scales = torch.exp2(log2).clamp(min=smallest, max=E4M3_MAX).to(torch.float8_e4m3fn)
     return scales, small
 
 
 def random_nvfp4_weight(
-    n: int, k: int, gen: torch.Generator, lead: tuple[int, ...] = ()
+    n: int,
+    k: int,
+    gen: torch.Generator,
+    lead: tuple[int, ...] = (),
+    smallest: float = E4M3_MIN_SUBNORMAL,
 ) -> Nvfp4Weight:
     """Random FP4 codes (all 16 codes, incl. -0) with non-uniform block scales."""
     if k % GROUP:
         raise ValueError(f"K={k} is not a multiple of the NVFP4 group size {GROUP}")
     codes = torch.randint(0, 16, (*lead, n, k), generator=gen, dtype=torch.uint8, device=gen.device)
-    scales, small = random_block_scales((*lead, n, k // GROUP), gen)
+    scales, small = random_block_scales((*lead, n, k // GROUP), gen, smallest)
     return Nvfp4Weight(pack_fp4(codes), scales, small)
 
 
@@ -162,12 +177,19 @@ def moe_reference(
     w2_f32: torch.Tensor,
     topk_weights: torch.Tensor,
     topk_ids: torch.Tensor,
+    store_dtype: torch.dtype | None = None,
 ) -> torch.Tensor:
     """fp32 MoE: per token, sum_k w_k * down_e(silu(gate_e(x)) * up_e(x)).
 
     ``w13_f32`` is ``[E, 2I, H]`` with the gate rows first, then the up rows (w1 then w3),
-    ``w2_f32`` is ``[E, H, I]`` (both from ``dequant_experts``).
+    ``w2_f32`` is ``[E, H, I]`` (both from ``dequant_experts``). With ``store_dtype`` the
+    first GEMM's output and the activation are rounded to it, as a layer that keeps them in
+    its activation dtype does; the arithmetic stays fp32.
     """
+
+    def stored(t: torch.Tensor) -> torch.Tensor:
+        return t if store_dtype is None else t.to(store_dtype).float()
+
     dev = x.device
     xf = x.float()
     num_experts = w13_f32.shape[0]
@@ -181,8 +203,8 @@ def moe_reference(
             continue
         w13_e = w13_f32[e].to(dev)
         w2_e = w2_f32[e].to(dev)
-        h = xf[tok] @ w13_e.t()
-        act = torch.nn.functional.silu(h[:, :inter]) * h[:, inter:]
+        h = stored(xf[tok] @ w13_e.t())
+        act = stored(torch.nn.functional.silu(h[:, :inter]) * h[:, inter:])
         y = act @ w2_e.t()
         out.index_add_(0, tok, y * wts[tok, slot].unsqueeze(-1))
     return out

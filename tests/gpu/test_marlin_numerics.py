@@ -14,6 +14,7 @@ variant (the pin's templates, or compute_75 PTX): ``python tests/gpu/test_marlin
 from __future__ import annotations
 
 import argparse
+import contextlib
 import inspect
 import json
 import sys
@@ -31,6 +32,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import _jitenv  # noqa: E402
 from _reference import (  # noqa: E402
+    SMALLEST_BLOCK_SCALE,
     Nvfp4Weight,
     dense_reference,
     dequant_experts,
@@ -159,7 +161,7 @@ def build_modelopt_dense(
         method.create_weights(
             layer, k, list(parts), k, n, dtype, weight_loader=_loader
         )  # fmt: skip
-    weight = random_nvfp4_weight(n, k, gen)
+    weight = random_nvfp4_weight(n, k, gen, smallest=SMALLEST_BLOCK_SCALE[dtype])
     # weight_scale_2 is a multiplier; same for every shard of a fused projection.
     ws2 = 0.37 / 448.0 * (1.0 + 0.3 * torch.rand((), generator=gen, device="cuda").item())
     _fill(layer.weight, weight.packed)
@@ -204,7 +206,7 @@ def build_ct_dense(
     method = CompressedTensorsLinearMethod(config)
     with torch.device("cuda"):
         method.create_weights(layer, k, list(parts), k, n, dtype, weight_loader=_loader)
-    weight = random_nvfp4_weight(n, k, gen)
+    weight = random_nvfp4_weight(n, k, gen, smallest=SMALLEST_BLOCK_SCALE[dtype])
     # compressed-tensors stores the global scale as a divisor: w = fp4 * block / gs.
     gs = 2712.0 * (1.0 + 0.3 * torch.rand((), generator=gen, device="cuda").item())
     _fill(layer.weight_packed, weight.packed)
@@ -296,6 +298,13 @@ class FusedMoE(torch.nn.Module):
         self.intermediate_size_per_partition = inter
         self.moe_ep_size, self.moe_ep_rank, self.moe_tp_size, self.moe_tp_rank = 1, 0, 1, 0
         self.layer_id = 0
+        # as FusedMoE.__init__ derives it from the runner backend (Marlin here: False)
+        from sglang.srt.layers.moe.utils import get_moe_runner_backend
+
+        backend = get_moe_runner_backend()
+        self.use_flashinfer_trtllm_moe = (
+            backend.is_flashinfer_trtllm() or backend.is_flashinfer_trtllm_routed()
+        )
         self.moe_runner_config = MoeRunnerConfig(
             num_experts=e,
             num_local_experts=e,
@@ -320,11 +329,34 @@ class MoeLayer:
     w2_f32: torch.Tensor
 
 
+@contextlib.contextmanager
+def marlin_moe_without_atomic_add() -> Iterator[None]:
+    """Diagnostic only: the MoE GEMMs reduce split-K slices in fp32, not by atomicAdd.
+
+    fused_marlin_moe reduces with atomicAdd into the output dtype on SM90 (and always in
+    fp16); in bf16 that costs accuracy at small M, where more K slices are added. Comparing
+    both tells that cost apart from the series' own error.
+    """
+    from sglang.srt.layers.moe.fused_moe_triton import fused_marlin_moe as fmm
+
+    gemm = fmm.moe_wna16_marlin_gemm
+
+    def without_atomic_add(*args: Any, **kwargs: Any) -> torch.Tensor:
+        return gemm(*args, **{**kwargs, "use_atomic_add": False})
+
+    fmm.moe_wna16_marlin_gemm = without_atomic_add
+    try:
+        yield
+    finally:
+        fmm.moe_wna16_marlin_gemm = gemm
+
+
 def _moe_weights(
-    e: int, hidden: int, inter: int, gen: torch.Generator
+    e: int, hidden: int, inter: int, dtype: torch.dtype, gen: torch.Generator
 ) -> tuple[Nvfp4Weight, Nvfp4Weight]:
-    w13 = random_nvfp4_weight(2 * inter, hidden, gen, lead=(e,))
-    w2 = random_nvfp4_weight(hidden, inter, gen, lead=(e,))
+    floor = SMALLEST_BLOCK_SCALE[dtype]
+    w13 = random_nvfp4_weight(2 * inter, hidden, gen, lead=(e,), smallest=floor)
+    w2 = random_nvfp4_weight(hidden, inter, gen, lead=(e,), smallest=floor)
     return w13, w2
 
 
@@ -343,7 +375,7 @@ def build_modelopt_moe(e: int, topk: int, dtype: torch.dtype, gen: torch.Generat
     layer = FusedMoE(e, topk, MOE_HIDDEN, MOE_INTER, dtype)
     with torch.device("cuda"):
         method.create_weights(layer, e, MOE_HIDDEN, MOE_INTER, dtype, weight_loader=_loader)
-    w13, w2 = _moe_weights(e, MOE_HIDDEN, MOE_INTER, gen)
+    w13, w2 = _moe_weights(e, MOE_HIDDEN, MOE_INTER, dtype, gen)
     g13 = _per_expert(gen, e, 0.37 / 448.0)  # multipliers, w1 and w3 share one per expert
     g2 = _per_expert(gen, e, 0.21 / 448.0)
     _fill(layer.w13_weight, w13.packed)
@@ -373,7 +405,7 @@ def build_ct_moe(e: int, topk: int, dtype: torch.dtype, gen: torch.Generator) ->
     method = CompressedTensorsFusedMoEMethod(config)
     with torch.device("cuda"):
         method.create_weights(layer, e, MOE_HIDDEN, MOE_INTER, dtype, weight_loader=_loader)
-    w13, w2 = _moe_weights(e, MOE_HIDDEN, MOE_INTER, gen)
+    w13, w2 = _moe_weights(e, MOE_HIDDEN, MOE_INTER, dtype, gen)
     gs13 = _per_expert(gen, e, 2712.0)  # divisors
     gs2 = _per_expert(gen, e, 1931.0)
     _fill(layer.w13_weight_packed, w13.packed)
@@ -420,7 +452,8 @@ def run_moe(path: str, dtype: torch.dtype, e: int, topk: int, ms: Sequence[int])
         x = torch.randn(m, MOE_HIDDEN, generator=gen, device="cuda").to(dtype)
         logits = torch.randn(m, e, generator=gen, device="cuda")
         weights, ids = route(logits, topk)
-        ref = moe_reference(x, moe.w13_f32, moe.w2_f32, weights, ids)
+        # The layer keeps the first GEMM's output and the activation in its dtype.
+        ref = moe_reference(x, moe.w13_f32, moe.w2_f32, weights, ids, store_dtype=dtype)
         try:
             out = moe_forward(moe, x, logits, topk)
             torch.cuda.synchronize()
@@ -430,6 +463,15 @@ def run_moe(path: str, dtype: torch.dtype, e: int, topk: int, ms: Sequence[int])
         except Exception as exc:
             case["rel_l2"] = None
             case["error"] = f"{type(exc).__name__}: {exc}"[:500]
+        try:  # informational: the all-fp32 reference, and the GEMMs without atomicAdd reduce
+            ref32 = moe_reference(x, moe.w13_f32, moe.w2_f32, weights, ids)
+            case["rel_l2_fp32_intermediates"] = _finite(rel_l2(out, ref32))
+            with marlin_moe_without_atomic_add():
+                out_fp32_reduce = moe_forward(moe, x, logits, topk)
+            torch.cuda.synchronize()
+            case["rel_l2_no_atomic_add"] = _finite(rel_l2(out_fp32_reduce, ref))
+        except Exception as exc:
+            case["diagnostic_error"] = f"{type(exc).__name__}: {exc}"[:300]
         cases.append(case)
     del moe
     torch.cuda.empty_cache()

@@ -153,6 +153,19 @@ def test_rescale_factor_policy(m):
     assert m._nvfp4_rescale_factor(torch.tensor([[2.0**-9, 100.0]]), BF16) == 4.0
 
 
+def test_bf16_scales_beyond_the_range_are_named_in_a_warning(m, monkeypatch):
+    """The NVFP4 recipe puts the largest scale at 448: bf16 then holds down to 2^-6."""
+    said = []
+    monkeypatch.setattr(m, "print_warning_once", said.append)
+    recipe = torch.tensor([[448.0, 2.0**-6, 0.1, 3.0]])
+    assert m._nvfp4_rescale_factor(recipe, BF16) == 1.0 and not said
+    subnormal = torch.tensor([[448.0, 2.0**-9, 2.0**-7, 2.0**-6]])
+    assert m._nvfp4_rescale_factor(subnormal, BF16) == 1.0
+    assert len(said) == 1 and "2 block scales" in said[0] and "--dtype float16" in said[0]
+    said.clear()
+    assert m._nvfp4_rescale_factor(subnormal, FP16) == 1.0 and not said
+
+
 @pytest.mark.parametrize(
     "values, match",
     [

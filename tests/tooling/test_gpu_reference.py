@@ -62,12 +62,24 @@ def test_scales_are_non_uniform_with_small_rows() -> None:
     gen = torch.Generator().manual_seed(1)
     w = ref.random_nvfp4_weight(256, 512, gen)
     s = w.scales.float()
-    assert w.scales.dtype == torch.float8_e4m3fn and s.min() > 0 and s.max() <= 448
+    assert w.scales.dtype == torch.float8_e4m3fn and s.min() > 0 and s.max() == 448
     assert s.unique().numel() > 50  # non-uniform
     assert w.small_rows.any() and (~w.small_rows).any()
-    assert (s[w.small_rows] < ref.SMALL_SCALE_LIMIT).all()
+    assert (s[w.small_rows] < 2.0**-6).all()
     assert (s[~w.small_rows] >= 2.0**-3 * 0.9).all()
-    assert (s < 2.0**-6).any() and (s < 2.0**-7).any()  # E4M3 subnormals present
+    assert (s < 2.0**-7).any() and s.min() == 2.0**-9  # E4M3 subnormals down to the smallest
+
+
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+def test_scales_follow_the_recipe_per_expert(dtype: torch.dtype) -> None:
+    """Every expert's largest scale is 448; bf16 small rows sit on the E4M3 normal floor."""
+    gen = torch.Generator().manual_seed(5)
+    floor = ref.SMALLEST_BLOCK_SCALE[dtype]
+    w = ref.random_nvfp4_weight(64, 256, gen, lead=(3,), smallest=floor)
+    s = w.scales.float()
+    assert torch.equal(s.amax(dim=(1, 2)), torch.full((3,), 448.0))
+    assert s.min() >= floor and w.small_rows.any()
+    assert (s[w.small_rows] < 8 * floor).all()
 
 
 @pytest.mark.parametrize("mult", [1.0, 8.27e-4])
@@ -116,7 +128,28 @@ def test_moe_reference_matches_per_token_loop() -> None:
             h = a @ x[t].float()
             act = torch.nn.functional.silu(h[:inter]) * h[inter:]  # gate rows first, then up
             acc += weights[t, j] * (b @ act)
-        torch.testing.assert_close(got[t], acc, rtol=1e-5, atol=1e-5)
+        # fp32 sums in another order: tolerance relative to the row's magnitude
+        torch.testing.assert_close(got[t], acc, rtol=1e-5, atol=1e-5 * float(acc.abs().max()))
+
+
+def test_moe_reference_rounds_what_the_layer_stores() -> None:
+    """store_dtype rounds the first GEMM's output and the activation, nothing else."""
+    gen = torch.Generator().manual_seed(6)
+    e, hidden, inter = 2, 32, 16
+    w13 = ref.dequant_experts(ref.random_nvfp4_weight(2 * inter, hidden, gen, lead=(e,)),
+                              torch.ones(e))  # fmt: skip
+    w2 = ref.dequant_experts(ref.random_nvfp4_weight(hidden, inter, gen, lead=(e,)), torch.ones(e))
+    x = torch.randn(3, hidden, generator=gen).to(torch.bfloat16)
+    weights, ids = ref.route(torch.randn(3, e, generator=gen), 1)
+    got = ref.moe_reference(x, w13, w2, weights, ids, store_dtype=torch.bfloat16)
+    want = torch.zeros(3, hidden)
+    for t in range(3):
+        ex = int(ids[t, 0])
+        h = (w13[ex] @ x[t].float()).to(torch.bfloat16).float()
+        act = (torch.nn.functional.silu(h[:inter]) * h[inter:]).to(torch.bfloat16).float()
+        want[t] = weights[t, 0] * (w2[ex] @ act)
+    torch.testing.assert_close(got, want, rtol=1e-6, atol=1e-6)
+    assert not torch.allclose(got, ref.moe_reference(x, w13, w2, weights, ids), rtol=1e-5)
 
 
 def test_rel_l2() -> None:

@@ -229,3 +229,16 @@ def test_activation_without_prebuilt_uses_sgl_kernel_only_when_asked(
 def test_activation_fallback_rejects_unknown_ops() -> None:
     with pytest.raises(ValueError, match="sgl_kernel fallback knows"):
         prebuilt_hook.SglKernelActivation("x")._fn("relu2")
+
+
+def test_tree_without_known_jit_layout_compiles(
+    setup: dict[str, Any], tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    def no_tree() -> Path:
+        raise ImportError("No module named 'sglang.jit_kernel'")
+
+    pre = tmp_path / "prebuilt"  # the fixture's manifest (patched and pin trees)
+    loader = prebuilt_hook.make_loader(pre, lambda name, **kw: f"compiled:{name}", str, no_tree)
+    name = "sgl_kernel_jit_gptq_marlin_bf16_t"
+    assert loader(name) == f"compiled:{name}"
+    assert "cannot locate" in capsys.readouterr().err
