@@ -26,6 +26,10 @@ from typing import Any
 from fp4series.errors import SeriesError
 
 PATCHED_MAX_REL_L2 = 1e-2
+# bf16 MoE as shipped (upstream's atomicAdd split-K reduce into bf16); the same cases without
+# it (rel_l2_no_atomic_add) keep PATCHED_MAX_REL_L2. tests/gpu/test_marlin_numerics.py agrees.
+MOE_BF16_ATOMIC_MAX_REL_L2 = 1.5e-2
+GATED_FIELDS = ("rel_l2", "rel_l2_small_scales", "rel_l2_no_atomic_add")
 UNPATCHED_MIN_REL_L2 = 1e-1
 DENSE_PATHS = ("modelopt-dense", "ct-dense")
 MOE_PATHS = ("modelopt-moe", "ct-moe")
@@ -212,17 +216,28 @@ def _label(case: Mapping[str, Any]) -> str:
     )
 
 
+def max_rel_l2(case: Mapping[str, Any], field: str) -> float:
+    """The threshold of one gated field of a patched case."""
+    if field == "rel_l2" and case.get("path") in MOE_PATHS and case.get("dtype") == "bfloat16":
+        return MOE_BF16_ATOMIC_MAX_REL_L2
+    return PATCHED_MAX_REL_L2
+
+
 def _check_patched_case(name: str, case: Mapping[str, Any], problems: list[str]) -> None:
-    for field in ("rel_l2", "rel_l2_small_scales"):
+    for field in GATED_FIELDS:
         if field not in case:
             continue
-        value = case[field]
+        value, limit = case[field], max_rel_l2(case, field)
         if not _is_num(value):
             problems.append(f"{name}: {_label(case)}: {field} is {value!r} (run failed?)")
-        elif value > PATCHED_MAX_REL_L2:
-            problems.append(
-                f"{name}: {_label(case)}: {field} {value:.3e} > {PATCHED_MAX_REL_L2:.0e}"
-            )
+        elif value > limit:
+            problems.append(f"{name}: {_label(case)}: {field} {value:.3e} > {limit:.1e}")
+    bf16_moe = case.get("path") in MOE_PATHS and case.get("dtype") == "bfloat16"
+    if bf16_moe and "rel_l2_no_atomic_add" not in case:
+        problems.append(
+            f"{name}: {_label(case)}: bf16 MoE needs rel_l2_no_atomic_add (the series' own "
+            f"error, gated at {PATCHED_MAX_REL_L2:.0e})"
+        )
 
 
 def check_numerics(data: Mapping[str, Any], problems: list[str]) -> None:
@@ -242,6 +257,13 @@ def check_numerics(data: Mapping[str, Any], problems: list[str]) -> None:
         _check_patched_case(name, case, problems)
     for case in unpatched:
         value = case["rel_l2"]
+        garbage = (
+            value is None
+            and isinstance(case.get("nonfinite_outputs"), int)
+            and (case["nonfinite_outputs"] > 0)
+        )  # non-finite output: fails as expected
+        if garbage:
+            continue
         if not _is_num(value):
             problems.append(f"{name}: {_label(case)}: repro rel_l2 is {value!r} (run failed?)")
         elif value <= UNPATCHED_MIN_REL_L2:

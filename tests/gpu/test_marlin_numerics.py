@@ -43,6 +43,14 @@ from _reference import (  # noqa: E402
 )
 
 PATCHED_MAX_REL_L2 = 1e-2
+# bf16 MoE as shipped: upstream's fused_marlin_moe reduces split-K slices with atomicAdd into
+# the bf16 output on SM90, one more bf16 rounding per slice; most slices at small M. The same
+# case without it (rel_l2_no_atomic_add, the series' own arithmetic) keeps PATCHED_MAX_REL_L2.
+MOE_BF16_ATOMIC_MAX_REL_L2 = 1.5e-2
+# Global scales as the NVFP4 recipe sets them: global = 448 * 6 / amax, amax of a real
+# projection's weights ~0.5 (larger ones overflow fp16 in the MoE's second GEMM).
+WEIGHT_AMAX = 0.5
+RECIPE_MULTIPLIER = WEIGHT_AMAX / (448.0 * 6.0)
 
 # name -> (N, K, output partitions). Llama-3.1-8B projections (TP=1) + one padded shape.
 DENSE_SHAPES: dict[str, tuple[int, int, tuple[int, ...]]] = {
@@ -163,7 +171,7 @@ def build_modelopt_dense(
         )  # fmt: skip
     weight = random_nvfp4_weight(n, k, gen, smallest=SMALLEST_BLOCK_SCALE[dtype])
     # weight_scale_2 is a multiplier; same for every shard of a fused projection.
-    ws2 = 0.37 / 448.0 * (1.0 + 0.3 * torch.rand((), generator=gen, device="cuda").item())
+    ws2 = RECIPE_MULTIPLIER * (1.0 + 0.3 * torch.rand((), generator=gen, device="cuda").item())
     _fill(layer.weight, weight.packed)
     _fill(layer.weight_scale, weight.scales)
     _fill(layer.weight_scale_2, ws2)
@@ -208,7 +216,7 @@ def build_ct_dense(
         method.create_weights(layer, k, list(parts), k, n, dtype, weight_loader=_loader)
     weight = random_nvfp4_weight(n, k, gen, smallest=SMALLEST_BLOCK_SCALE[dtype])
     # compressed-tensors stores the global scale as a divisor: w = fp4 * block / gs.
-    gs = 2712.0 * (1.0 + 0.3 * torch.rand((), generator=gen, device="cuda").item())
+    gs = (1 + 0.3 * torch.rand((), generator=gen, device="cuda").item()) / RECIPE_MULTIPLIER
     _fill(layer.weight_packed, weight.packed)
     _fill(layer.weight_scale, weight.scales)
     _fill(layer.weight_global_scale, gs)
@@ -264,6 +272,7 @@ def run_dense(
             if tuple(out.shape) != (m, n):
                 raise AssertionError(f"output shape {tuple(out.shape)} != {(m, n)}")
             case["rel_l2"] = _finite(rel_l2(out, ref))
+            case["nonfinite_outputs"] = int((~torch.isfinite(out)).sum().item())
             if small.any():
                 case["rel_l2_small_scales"] = _finite(rel_l2(out[:, small], ref[:, small]))
         except Exception as exc:  # record the failure; the test asserts afterwards
@@ -331,11 +340,11 @@ class MoeLayer:
 
 @contextlib.contextmanager
 def marlin_moe_without_atomic_add() -> Iterator[None]:
-    """Diagnostic only: the MoE GEMMs reduce split-K slices in fp32, not by atomicAdd.
+    """The MoE GEMMs reduce split-K slices in fp32 instead of by atomicAdd.
 
-    fused_marlin_moe reduces with atomicAdd into the output dtype on SM90 (and always in
-    fp16); in bf16 that costs accuracy at small M, where more K slices are added. Comparing
-    both tells that cost apart from the series' own error.
+    fused_marlin_moe (upstream, untouched by the series) reduces with atomicAdd into the output
+    dtype on SM90 (and always in fp16); in bf16 that costs accuracy at small M, where more K
+    slices are added. Measuring both tells that cost apart from the series' own error.
     """
     from sglang.srt.layers.moe.fused_moe_triton import fused_marlin_moe as fmm
 
@@ -376,8 +385,8 @@ def build_modelopt_moe(e: int, topk: int, dtype: torch.dtype, gen: torch.Generat
     with torch.device("cuda"):
         method.create_weights(layer, e, MOE_HIDDEN, MOE_INTER, dtype, weight_loader=_loader)
     w13, w2 = _moe_weights(e, MOE_HIDDEN, MOE_INTER, dtype, gen)
-    g13 = _per_expert(gen, e, 0.37 / 448.0)  # multipliers, w1 and w3 share one per expert
-    g2 = _per_expert(gen, e, 0.21 / 448.0)
+    g13 = _per_expert(gen, e, RECIPE_MULTIPLIER)  # multipliers, w1 and w3 share one per expert
+    g2 = _per_expert(gen, e, 0.6 * RECIPE_MULTIPLIER)
     _fill(layer.w13_weight, w13.packed)
     _fill(layer.w13_weight_scale, w13.scales)
     _fill(layer.w2_weight, w2.packed)
@@ -406,8 +415,8 @@ def build_ct_moe(e: int, topk: int, dtype: torch.dtype, gen: torch.Generator) ->
     with torch.device("cuda"):
         method.create_weights(layer, e, MOE_HIDDEN, MOE_INTER, dtype, weight_loader=_loader)
     w13, w2 = _moe_weights(e, MOE_HIDDEN, MOE_INTER, dtype, gen)
-    gs13 = _per_expert(gen, e, 2712.0)  # divisors
-    gs2 = _per_expert(gen, e, 1931.0)
+    gs13 = _per_expert(gen, e, 1 / RECIPE_MULTIPLIER)  # divisors
+    gs2 = _per_expert(gen, e, 1.4 / RECIPE_MULTIPLIER)
     _fill(layer.w13_weight_packed, w13.packed)
     _fill(layer.w13_weight_scale, w13.scales)
     _fill(layer.w2_weight_packed, w2.packed)
@@ -452,37 +461,45 @@ def run_moe(path: str, dtype: torch.dtype, e: int, topk: int, ms: Sequence[int])
         x = torch.randn(m, MOE_HIDDEN, generator=gen, device="cuda").to(dtype)
         logits = torch.randn(m, e, generator=gen, device="cuda")
         weights, ids = route(logits, topk)
-        # The layer keeps the first GEMM's output and the activation in its dtype.
-        ref = moe_reference(x, moe.w13_f32, moe.w2_f32, weights, ids, store_dtype=dtype)
+        ref = moe_reference(x, moe.w13_f32, moe.w2_f32, weights, ids)
         try:
             out = moe_forward(moe, x, logits, topk)
             torch.cuda.synchronize()
             if tuple(out.shape) != (m, MOE_HIDDEN):
                 raise AssertionError(f"output shape {tuple(out.shape)} != {(m, MOE_HIDDEN)}")
             case["rel_l2"] = _finite(rel_l2(out, ref))
-        except Exception as exc:
-            case["rel_l2"] = None
-            case["error"] = f"{type(exc).__name__}: {exc}"[:500]
-        try:  # informational: the all-fp32 reference, and the GEMMs without atomicAdd reduce
-            ref32 = moe_reference(x, moe.w13_f32, moe.w2_f32, weights, ids)
-            case["rel_l2_fp32_intermediates"] = _finite(rel_l2(out, ref32))
+            case["nonfinite_outputs"] = int((~torch.isfinite(out)).sum().item())
+            # the same layer with fp32 split-K reduce instead of atomicAdd (gated as well)
             with marlin_moe_without_atomic_add():
                 out_fp32_reduce = moe_forward(moe, x, logits, topk)
             torch.cuda.synchronize()
             case["rel_l2_no_atomic_add"] = _finite(rel_l2(out_fp32_reduce, ref))
+            # informational: against a reference that rounds what the layer stores (the first
+            # GEMM's output, the activation) to its dtype; not closer, the roundings differ
+            ref_stored = moe_reference(x, moe.w13_f32, moe.w2_f32, weights, ids, dtype)
+            case["rel_l2_vs_stored_intermediates"] = _finite(rel_l2(out, ref_stored))
         except Exception as exc:
-            case["diagnostic_error"] = f"{type(exc).__name__}: {exc}"[:300]
+            case.setdefault("rel_l2", None)
+            case["error"] = f"{type(exc).__name__}: {exc}"[:500]
         cases.append(case)
     del moe
     torch.cuda.empty_cache()
     return cases
 
 
+def max_rel_l2(case: dict[str, Any], field: str) -> float:
+    """The gate of one field of a patched case (report.py applies the same)."""
+    atomic_bf16_moe = case["path"].endswith("-moe") and case["dtype"] == "bfloat16"
+    if field == "rel_l2" and atomic_bf16_moe:
+        return MOE_BF16_ATOMIC_MAX_REL_L2
+    return PATCHED_MAX_REL_L2
+
+
 def _fails(cases: list[dict[str, Any]]) -> list[str]:
     bad = []
     for c in cases:
-        for field in ("rel_l2", "rel_l2_small_scales"):
-            if field in c and (c[field] is None or c[field] > PATCHED_MAX_REL_L2):
+        for field in ("rel_l2", "rel_l2_small_scales", "rel_l2_no_atomic_add"):
+            if field in c and (c[field] is None or c[field] > max_rel_l2(c, field)):
                 bad.append(f"m={c['m']} {field}={c[field]} {c.get('error', '')}")
     return bad
 

@@ -36,6 +36,8 @@ def _case(path: str, dtype: str, templates: str = "patched", rel: float = 3e-3) 
     }
     if path.endswith("moe"):
         case.update(e=8, topk=2, n=1408, k=2048)
+        if dtype == "bfloat16":
+            case["rel_l2_no_atomic_add"] = rel
     return case
 
 
@@ -93,7 +95,7 @@ def test_patched_case_over_threshold_fails(tmp_path: Path) -> None:
     numerics = _numerics()
     numerics["cases"][3]["rel_l2"] = 0.02
     problems = report.check_report_dir(_write(tmp_path, numerics=numerics))
-    assert len(problems) == 1 and "2.000e-02 > 1e-02" in problems[0]
+    assert len(problems) == 1 and "2.000e-02 > 1.0e-02" in problems[0]
 
 
 def test_small_scale_rows_are_checked_too(tmp_path: Path) -> None:
@@ -101,6 +103,38 @@ def test_small_scale_rows_are_checked_too(tmp_path: Path) -> None:
     numerics["cases"][1]["rel_l2_small_scales"] = 0.5
     problems = report.check_report_dir(_write(tmp_path, numerics=numerics))
     assert any("rel_l2_small_scales" in p for p in problems)
+
+
+def _bf16_moe(numerics: dict[str, Any]) -> dict[str, Any]:
+    return next(
+        c for c in numerics["cases"]
+        if c["path"] == "ct-moe" and c["dtype"] == "bfloat16" and c["templates"] == "patched"
+    )  # fmt: skip
+
+
+def test_bf16_moe_gate_allows_atomic_reduce_but_not_the_series_error(tmp_path: Path) -> None:
+    numerics = _numerics()
+    _bf16_moe(numerics)["rel_l2"] = 1.2e-2  # upstream's bf16 atomicAdd split-K: 1.5e-2 gate
+    assert report.check_report_dir(_write(tmp_path, numerics=numerics)) == []
+    _bf16_moe(numerics)["rel_l2"] = 1.6e-2
+    _bf16_moe(numerics)["rel_l2_no_atomic_add"] = 1.1e-2  # the series' own: 1e-2 gate
+    problems = report.check_report_dir(_write(tmp_path, numerics=numerics))
+    assert len(problems) == 2
+    assert "rel_l2 1.600e-02 > 1.5e-02" in problems[0]
+    assert "rel_l2_no_atomic_add 1.100e-02 > 1.0e-02" in problems[1]
+    del _bf16_moe(numerics)["rel_l2_no_atomic_add"]
+    _bf16_moe(numerics)["rel_l2"] = 8e-3
+    problems = report.check_report_dir(_write(tmp_path, numerics=numerics))
+    assert len(problems) == 1 and "needs rel_l2_no_atomic_add" in problems[0]
+
+
+def test_repro_with_non_finite_output_fails_as_expected(tmp_path: Path) -> None:
+    numerics = _numerics()
+    numerics["cases"][-1].update(rel_l2=None, nonfinite_outputs=2048)
+    assert report.check_report_dir(_write(tmp_path, numerics=numerics)) == []
+    numerics["cases"][-1]["nonfinite_outputs"] = 0  # None without garbage: the run failed
+    problems = report.check_report_dir(_write(tmp_path, numerics=numerics))
+    assert len(problems) == 1 and "run failed" in problems[0]
 
 
 def test_unpatched_repro_must_fail(tmp_path: Path) -> None:
@@ -163,7 +197,7 @@ def test_turing_cases_checked(tmp_path: Path) -> None:
     text = "\n".join(problems)
     assert "arch must be 'compute_75'" in text
     assert "SM75 runs fp16 only" in text
-    assert "4.000e-01 > 1e-02" in text
+    assert "rel_l2 4.000e-01 >" in text
 
 
 def test_bench_schema_and_roofline(tmp_path: Path) -> None:
