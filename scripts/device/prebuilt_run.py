@@ -291,8 +291,9 @@ def harvest_workers(lay: dr.Layout, out: Path | None) -> None:
 
 def report_command() -> str:
     """The command line as reports record it (the settings that shape the run included)."""
-    knobs = " ".join(f"{k}={os.environ[k]}" for k in sorted(os.environ)
-                     if k.startswith(("FP4SERIES_BUDGET", "FP4SERIES_BENCH")))  # fmt: skip
+    shaping = ("FP4SERIES_BUDGET", "FP4SERIES_BENCH", "FP4SERIES_STAGES", "FP4SERIES_CARRY",
+               "FP4SERIES_WORKER_TIMEOUT")  # fmt: skip
+    knobs = " ".join(f"{k}={os.environ[k]}" for k in sorted(os.environ) if k.startswith(shaping))
     run = "scripts/device/run.sh prebuilt (.carry from scripts/device/pack.sh)"
     return f"{knobs} {run}" if knobs else run
 
