@@ -20,7 +20,6 @@ usage:
 from __future__ import annotations
 
 import argparse
-import hashlib
 import json
 import os
 import shutil
@@ -31,8 +30,11 @@ from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
+sys.path.insert(0, str(HERE.parents[1] / "src"))
 
 from prebuilt_hook import tree_hash  # noqa: E402
+
+from fp4series.digest import sha256_file  # noqa: E402
 
 
 def _force_arch(arch: str) -> None:
@@ -128,14 +130,6 @@ def _git_head(path: Path) -> str:
     return (proc.stdout.strip() or "not-git") + ("-dirty" if dirty else "")
 
 
-def _sha256(path: Path) -> str:
-    h = hashlib.sha256()
-    with path.open("rb") as fh:
-        for chunk in iter(lambda: fh.read(1 << 20), b""):
-            h.update(chunk)
-    return h.hexdigest()
-
-
 def pack(builds: list[Path], dest: Path, also_trees: list[Path]) -> int:
     """Strip + xz each built .so into dest, manifest.json lists them (sha256 of the raw .so)."""
     dest.mkdir(parents=True, exist_ok=True)
@@ -157,7 +151,7 @@ def pack(builds: list[Path], dest: Path, also_trees: list[Path]) -> int:
             raw = dest / fname
             stripped.rename(raw)
             rec["file"] = fname + ".xz"
-            rec["sha256"] = _sha256(raw)
+            rec["sha256"] = sha256_file(raw)
             rec["size"] = raw.stat().st_size
             subprocess.run(["xz", "-9", "-T2", "-f", str(raw)], check=True)
             rec["xz_size"] = (dest / rec["file"]).stat().st_size

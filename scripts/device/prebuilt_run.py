@@ -37,6 +37,9 @@ sys.path.insert(0, str(HERE))
 import device_run as dr  # noqa: E402
 import prebuilt_hook  # noqa: E402
 
+sys.path.insert(0, str(dr.REPO / "src"))
+from fp4series.digest import sha256_file  # noqa: E402
+
 REPO = dr.REPO
 START = time.time()
 SUMMARY: dict[str, Any] = {"stages": {}, "prebuilt": {}, "notes": []}
@@ -132,7 +135,7 @@ def check_prebuilt(prebuilt: Path, lay: dr.Layout) -> dict[str, bool]:
     have: dict[str, bool] = {}
     for e in man["modules"]:
         so = prebuilt / e["file"][:-3]
-        ok = so.is_file() and dr_sha256(so) == e["sha256"]
+        ok = so.is_file() and sha256_file(so) == e["sha256"]
         for label, h in hashes.items():
             if h in (e["tree_hash"], *e.get("also_tree_hashes", [])):
                 key = f"{label}:{e['spec']}:{e['arch']}"
@@ -143,16 +146,6 @@ def check_prebuilt(prebuilt: Path, lay: dr.Layout) -> dict[str, bool]:
     if bad:
         log(f"WARNING prebuilt sha256 mismatch / missing: {bad}")
     return {k: v for k, v in have.items() if v}
-
-
-def dr_sha256(path: Path) -> str:
-    import hashlib
-
-    h = hashlib.sha256()
-    with path.open("rb") as fh:
-        for chunk in iter(lambda: fh.read(1 << 20), b""):
-            h.update(chunk)
-    return h.hexdigest()
 
 
 # ----------------------------------------------------------------------------- stages

@@ -49,10 +49,25 @@ def isolate_git(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
         monkeypatch.delenv(var, raising=False)
 
 
-def git(repo: Path, *args: str, env: dict[str, str] | None = None) -> str:
+# A fixed git identity (and, where commit ids must be reproducible, fixed dates).
+IDENTITY = {
+    "GIT_AUTHOR_NAME": "T",
+    "GIT_AUTHOR_EMAIL": "t@example.com",
+    "GIT_COMMITTER_NAME": "T",
+    "GIT_COMMITTER_EMAIL": "t@example.com",
+}
+FIXED_DATES = {
+    "GIT_AUTHOR_DATE": "2026-01-01T00:00:00",
+    "GIT_COMMITTER_DATE": "2026-01-01T00:00:00",
+}
+
+
+def git(repo: Path, *args: str, env: dict[str, str] | None = None, stdin: str | None = None) -> str:
+    """``git ARGS`` in ``repo`` (``env`` on top of os.environ); stdout, raising on failure."""
     return subprocess.run(
         ["git", *args],
         cwd=repo,
+        input=stdin,
         capture_output=True,
         text=True,
         check=True,

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import base64
 import csv
+import functools
 import hashlib
 import io
-import os
 import platform
 import subprocess
 import sys
@@ -14,26 +14,16 @@ import textwrap
 import zipfile
 from pathlib import Path
 
+import _fakepin as fakepin
 import pytest
 
 from fp4series import build, compile_check, prefix
 from fp4series.errors import SeriesError
 
-ENV = {
-    **os.environ,
-    "GIT_AUTHOR_NAME": "T",
-    "GIT_AUTHOR_EMAIL": "t@example.com",
-    "GIT_COMMITTER_NAME": "T",
-    "GIT_COMMITTER_EMAIL": "t@example.com",
-    "GIT_AUTHOR_DATE": "2026-01-01T00:00:00",
-    "GIT_COMMITTER_DATE": "2026-01-01T00:00:00",
-}
+ENV = {**fakepin.IDENTITY, **fakepin.FIXED_DATES}
 
 
-def git(repo: Path, *args: str) -> str:
-    return subprocess.run(
-        ["git", *args], cwd=repo, env=ENV, capture_output=True, text=True, check=True
-    ).stdout
+git = functools.partial(fakepin.git, env=ENV)
 
 
 def digest(data: bytes) -> str:

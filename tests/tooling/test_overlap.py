@@ -3,30 +3,21 @@
 from __future__ import annotations
 
 import argparse
+import functools
 import json
-import os
-import subprocess
 from pathlib import Path
 
+import _fakepin as fakepin
 import pytest
 
 from fp4series import overlap as ov
 from fp4series.errors import SeriesError
 
-ENV = {
-    **os.environ,
-    "GIT_AUTHOR_NAME": "T",
-    "GIT_AUTHOR_EMAIL": "t@example.com",
-    "GIT_COMMITTER_NAME": "T",
-    "GIT_COMMITTER_EMAIL": "t@example.com",
-}
+ENV = fakepin.IDENTITY
 BASE = "".join(f"line {i}\n" for i in range(1, 61))
 
 
-def git(repo: Path, *args: str) -> str:
-    return subprocess.run(
-        ["git", *args], cwd=repo, env=ENV, capture_output=True, text=True, check=True
-    ).stdout
+git = functools.partial(fakepin.git, env=ENV)
 
 
 def series(tmp_path: Path, steps: list[tuple[str, dict[str, str], str]]) -> Path:

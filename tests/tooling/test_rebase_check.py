@@ -3,28 +3,21 @@
 from __future__ import annotations
 
 import argparse
+import functools
 import hashlib
 import json
-import os
 import subprocess
 import zipfile
 from pathlib import Path
 
+import _fakepin as fakepin
 import pytest
 
 from fp4series import rebase_check as rc
 from fp4series.errors import SeriesError
 from fp4series.overlap import load_patch, load_patch_docs
 
-ENV = {
-    **os.environ,
-    "GIT_AUTHOR_NAME": "T",
-    "GIT_AUTHOR_EMAIL": "t@example.com",
-    "GIT_COMMITTER_NAME": "T",
-    "GIT_COMMITTER_EMAIL": "t@example.com",
-    "GIT_AUTHOR_DATE": "2026-01-01T00:00:00",
-    "GIT_COMMITTER_DATE": "2026-01-01T00:00:00",
-}
+ENV = {**fakepin.IDENTITY, **fakepin.FIXED_DATES}
 
 A_PY = "".join(f"value_{i} = {i}\n" for i in range(1, 41))
 K_H = "".join(f"int kernel_line_{i} = {i};\n" for i in range(1, 31))
@@ -38,10 +31,7 @@ PIN = {
 }
 
 
-def git(repo: Path, *args: str, stdin: str | None = None) -> str:
-    return subprocess.run(
-        ["git", *args], cwd=repo, env=ENV, input=stdin, capture_output=True, text=True, check=True
-    ).stdout
+git = functools.partial(fakepin.git, env=ENV)
 
 
 def write_tree(repo: Path, files: dict[str, str]) -> None:

@@ -3,32 +3,23 @@
 from __future__ import annotations
 
 import argparse
+import functools
 import json
-import os
-import subprocess
 import sys
 import textwrap
 from pathlib import Path
 
+import _fakepin as fakepin
 import pytest
 
 from fp4series import split as sp
 from fp4series.overlap import load_patch_docs
 
-ENV = {
-    **os.environ,
-    "GIT_AUTHOR_NAME": "Author One",
-    "GIT_AUTHOR_EMAIL": "a@example.com",
-    "GIT_COMMITTER_NAME": "T",
-    "GIT_COMMITTER_EMAIL": "t@example.com",
-}
+ENV = {**fakepin.IDENTITY, "GIT_AUTHOR_NAME": "Author One", "GIT_AUTHOR_EMAIL": "a@example.com"}
 A_PY = "".join(f"value_{i} = {i}\n" for i in range(1, 41))
 
 
-def git(repo: Path, *args: str) -> str:
-    return subprocess.run(
-        ["git", *args], cwd=repo, env=ENV, capture_output=True, text=True, check=True
-    ).stdout
+git = functools.partial(fakepin.git, env=ENV)
 
 
 def write(repo: Path, path: str, text: str) -> None:
