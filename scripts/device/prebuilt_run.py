@@ -1,16 +1,22 @@
-"""One short device call: the GPU proof with JIT modules prebuilt on the CPU machine.
+"""The GPU proof on the device with JIT modules prebuilt on the CPU machine.
 
-``scripts/device/run.sh prebuilt`` (needs ``.carry`` with ``prebuilt/``, see prebuild.py):
-  1. unpack .carry into /tmp/fp4proof (trees, sgl_kernel, wheels unzipped, prebuilt .so's),
-  2. run the stages under one wall budget (FP4SERIES_BUDGET_S, default 240 s after unpacking),
-     every process with the loader hook (site/sitecustomize.py -> prebuilt_hook.py), so that
-     SGLang's JIT loads the matching prebuilt .so and compiles only what is missing (logged):
+``scripts/device/run.sh prebuilt`` (the carry, FP4SERIES_CARRY, default ``.carry``, from
+pack.py; with every module prebuilt it exceeds one call's 64 MiB, so ``pack.py --split`` makes
+``.carry-numerics`` and ``.carry-bench`` for two calls):
+  1. unpack the carry into /tmp/fp4proof (trees, sgl_kernel, wheels unzipped, prebuilt .so's,
+     upstream 0.5.23 and its tvm-ffi when carried),
+  2. run the stages FP4SERIES_STAGES picks (numerics, compute75, bench; default all) under one
+     wall budget (FP4SERIES_BUDGET_S, default 240 s after unpacking), every process with the
+     loader hook (site/sitecustomize.py -> prebuilt_hook.py), so that SGLang's JIT loads the
+     matching prebuilt .so and compiles only what is missing (logged):
        group 1 (concurrent pytest sessions, each stopped with SIGINT at its slice so that
        conftest still writes its report): dense bf16 | MoE bf16 + unpatched repro |
-       fp16 dense+MoE + compute_75 (only if prebuilt) | tracing
-       group 2 (alone, for clean timings): short benchmark (Llama-8B shapes, M 1/16/64/256)
+       fp16 dense + MoE | compute_75 | tracing; meanwhile upstream 0.5.23's modules compile
+       in the background when the benchmark runs,
+       group 2 (alone, for clean timings): the benchmark (all shapes, M 1..1024, MoE;
+       FP4SERIES_BENCH_* narrow it), which waits for 0.5.23's build before its turn,
   3. write into $OUT as each stage ends (flat, <= 8 files): numerics.json (cases merged over
-     the stages), turing_ptx.json, bench.json, bench.md, summary.json, logs.txt.
+     the stages), turing_ptx.json, bench.json, bench.md, bench.png, summary.json, logs.txt.
 A stage that has no time left, or needs a module that is not prebuilt, is recorded as not run.
 """
 
