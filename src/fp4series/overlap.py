@@ -21,9 +21,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from fp4series.errors import SeriesError
+from fp4series.series import parse_trailers
 
 HUNK_RE = re.compile(r"^@@ -(\d+)(?:,(\d+))? \+(\d+)(?:,(\d+))? @@(.*)$")
-TRAILER_RE = re.compile(r"^(Tests|Provides|Depends-On|Upstream-Status|Group):[ \t]*(.*)$")
 
 
 @dataclass
@@ -236,16 +236,6 @@ def parse_diff(text: str) -> ParsedDiff:
             fd.hunks.append(hunk)
         files.append(fd)
     return ParsedDiff(preamble, files)
-
-
-def parse_trailers(message: str) -> dict[str, str]:
-    """Trailers the series format defines (last occurrence wins)."""
-    out: dict[str, str] = {}
-    for ln in message.splitlines():
-        m = TRAILER_RE.match(ln.strip())
-        if m:
-            out[m.group(1)] = m.group(2).strip()
-    return out
 
 
 def split_list(value: str) -> list[str]:

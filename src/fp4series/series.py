@@ -123,7 +123,7 @@ def _strip_path(raw: str) -> str | None:
     return raw[2:] if raw[:2] in ("a/", "b/") else raw
 
 
-def _parse_trailers(message: str) -> dict[str, str]:
+def parse_trailers(message: str) -> dict[str, str]:
     """Trailers = the last paragraph of the message if it is made of 'Key: value' lines."""
     paras = [p for p in re.split(r"\n\s*\n", message.strip("\n")) if p.strip()]
     if not paras:
@@ -264,7 +264,7 @@ def parse_patch(path: Path | str) -> Patch:
         author=str(author),
         date=str(date),
         message=message,
-        trailers=_parse_trailers(message),
+        trailers=parse_trailers(message),
         files=[c.path for c in changes],
         hunks=hunks,
         changes=changes,
