@@ -260,7 +260,11 @@ def harvest_workers(lay: dr.Layout, out: Path | None) -> None:
     if out is None:
         return
     for suite in ("repro", "turing"):
-        logs = sorted((lay.root / "tmp").glob(f"fp4-{suite}-*/worker.log"))
+        # this run's only: a machine kept warm between calls still holds the last call's logs
+        logs = sorted(
+            p for p in (lay.root / "tmp").glob(f"fp4-{suite}-*/worker.log")
+            if p.stat().st_mtime >= START
+        )  # fmt: skip
         if not logs:
             continue
         cases = []

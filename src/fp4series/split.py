@@ -346,14 +346,22 @@ def _short(report: Path) -> str:
     return "/".join(report.parts[-3:])
 
 
+def _report_list(report: Path, key: str, what: str) -> list[Any] | str:
+    """``report``'s top-level list ``key``, or the line to print instead of numbers."""
+    if not report.is_file():
+        return f"No GPU {what} report ({report.name}) in this checkout yet."
+    try:
+        items: list[Any] = json.loads(report.read_text()).get(key, [])
+        return items
+    except (json.JSONDecodeError, AttributeError) as exc:
+        return f"{report} could not be read ({exc}); no numbers quoted."
+
+
 def numerics_evidence(unit: Unit, report: Path) -> list[str]:
     """Lines for Accuracy Tests from reports/h200/numerics.json (``cases`` with ``rel_l2``)."""
-    if not report.is_file():
-        return [f"No GPU numerics report ({report.name}) in this checkout yet."]
-    try:
-        cases = json.loads(report.read_text()).get("cases", [])
-    except (json.JSONDecodeError, AttributeError) as exc:
-        return [f"{report} could not be read ({exc}); no numbers quoted."]
+    cases = _report_list(report, "cases", "numerics")
+    if isinstance(cases, str):
+        return [cases]
     files = [f for m in unit.members for f in m.files]
     wanted = numerics_paths(files)
     picked = [c for c in cases if isinstance(c, dict) and c.get("path") in wanted]
@@ -387,12 +395,9 @@ def bench_evidence(unit: Unit, report: Path) -> list[str]:
     )
     if not touches_speed:
         return ["This change does not touch a kernel or a GEMM path; no speed impact expected."]
-    if not report.is_file():
-        return [f"No GPU benchmark report ({report.name}) in this checkout yet."]
-    try:
-        rows = json.loads(report.read_text()).get("rows", [])
-    except (json.JSONDecodeError, AttributeError) as exc:
-        return [f"{report} could not be read ({exc}); no numbers quoted."]
+    rows = _report_list(report, "rows", "benchmark")
+    if isinstance(rows, str):
+        return [rows]
     rows = [r for r in rows if isinstance(r, dict) and isinstance(r.get("fp4_us"), int | float)]
     if not rows:
         return [f"{report.name} has no rows with fp4_us."]

@@ -42,11 +42,6 @@ from _reference import (  # noqa: E402
     route,
 )
 
-PATCHED_MAX_REL_L2 = 1e-2
-# bf16 MoE as shipped: upstream's fused_marlin_moe reduces split-K slices with atomicAdd into
-# the bf16 output on SM90, one more bf16 rounding per slice; most slices at small M. The same
-# case without it (rel_l2_no_atomic_add, the series' own arithmetic) keeps PATCHED_MAX_REL_L2.
-MOE_BF16_ATOMIC_MAX_REL_L2 = 1.5e-2
 # Global scales as the NVFP4 recipe sets them: global = 448 * 6 / amax, amax of a real
 # projection's weights ~0.5 (larger ones overflow fp16 in the MoE's second GEMM).
 WEIGHT_AMAX = 0.5
@@ -487,18 +482,14 @@ def run_moe(path: str, dtype: torch.dtype, e: int, topk: int, ms: Sequence[int])
     return cases
 
 
-def max_rel_l2(case: dict[str, Any], field: str) -> float:
-    """The gate of one field of a patched case (report.py applies the same)."""
-    atomic_bf16_moe = case["path"].endswith("-moe") and case["dtype"] == "bfloat16"
-    if field == "rel_l2" and atomic_bf16_moe:
-        return MOE_BF16_ATOMIC_MAX_REL_L2
-    return PATCHED_MAX_REL_L2
-
-
 def _fails(cases: list[dict[str, Any]]) -> list[str]:
+    """Cases over the gates check-reports applies (fp4series.report: 1e-2; bf16 MoE as
+    shipped, with upstream's atomicAdd split-K reduce, 1.5e-2)."""
+    from fp4series.report import GATED_FIELDS, max_rel_l2
+
     bad = []
     for c in cases:
-        for field in ("rel_l2", "rel_l2_small_scales", "rel_l2_no_atomic_add"):
+        for field in GATED_FIELDS:
             if field in c and (c[field] is None or c[field] > max_rel_l2(c, field)):
                 bad.append(f"m={c['m']} {field}={c[field]} {c.get('error', '')}")
     return bad

@@ -249,15 +249,20 @@ def test_real_pytest_runs_against_the_branch_tree(world: dict[str, Path]) -> Non
     assert (t.passed, t.failed, t.ok) == (1, 1, False)
 
 
-def test_cli_prints_commands_never_pushes(
-    world: dict[str, Path], monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
-) -> None:
-    root = world["root"]
+def _write_pin_lock(root: Path) -> None:
+    """A minimal upstream.lock naming pin v0.0.1, for the CLI tests."""
     (root / "upstream.lock").write_text(
         '[upstream]\nrepo_url = "https://example.com/x.git"\n\n'
         '[pin]\nversion = "0.0.1"\ntag = "v0.0.1"\ncommit = "unresolved"\n'
         f'wheel_filename = "sglang-0.0.1-py3-none-any.whl"\nsha256 = "{"a" * 64}"\n'
     )
+
+
+def test_cli_prints_commands_never_pushes(
+    world: dict[str, Path], monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    root = world["root"]
+    _write_pin_lock(root)
     monkeypatch.setenv("FP4SERIES_ROOT", str(root))
     parser = argparse.ArgumentParser()
     sp.register(parser.add_subparsers())
@@ -347,11 +352,7 @@ def test_cli_clones_the_materialized_pin_when_repo_is_missing(
     from fp4series import rebase_check
 
     root = world["root"]
-    (root / "upstream.lock").write_text(
-        '[upstream]\nrepo_url = "https://example.com/x.git"\n\n'
-        '[pin]\nversion = "0.0.1"\ntag = "v0.0.1"\ncommit = "unresolved"\n'
-        f'wheel_filename = "sglang-0.0.1-py3-none-any.whl"\nsha256 = "{"a" * 64}"\n'
-    )
+    _write_pin_lock(root)
     monkeypatch.setenv("FP4SERIES_ROOT", str(root))
     monkeypatch.setattr(
         rebase_check,
