@@ -11,8 +11,11 @@ Public API (stable):
            files, hunks, changes;  patch.tests() -> list[str]; patch.depends_on / provides
            (lists) and patch.upstream_status (str | None) are properties.
     Hunk: file, old_start, old_len, new_start, new_len, header, lines, line_no, old_file
-    FileChange: old_path (None if created), new_path (None if deleted), binary
-    SERIES_FILE = "series"
+    FileChange: old_path (None if created), new_path (None if deleted), binary,
+           old_id / new_id (the blob ids of its `index` line, full 40-hex; ZERO_ID for an added
+           or deleted side; both None only for a pure mode change, which has no index line),
+           line_no (1-based line of its "diff --git" header)
+    SERIES_FILE = "series";  ZERO_ID = "0" * 40
 """
 
 from __future__ import annotations
@@ -27,6 +30,10 @@ from pathlib import Path
 from fp4series.errors import SeriesError
 
 SERIES_FILE = "series"
+ZERO_ID = "0" * 40
+_INDEX = re.compile(
+    r"^index ([0-9a-f]{40}|[0-9a-f]{64})\.\.([0-9a-f]{40}|[0-9a-f]{64})(?: [0-7]{6})?$"
+)
 _HUNK = re.compile(r"^@@ -(\d+)(?:,(\d+))? \+(\d+)(?:,(\d+))? @@ ?(.*)$")
 _TRAILER = re.compile(r"^([A-Za-z][A-Za-z0-9-]*):\s*(.*)$")
 _PATCH_PREFIX = re.compile(r"^\s*\[[^\]]*PATCH[^\]]*\]\s*")
@@ -56,6 +63,10 @@ class FileChange:
     old_path: str | None
     new_path: str | None
     binary: bool = False
+    old_id: str | None = None
+    new_id: str | None = None
+    line_no: int = 0
+    mode_change: bool = False  # "old mode"/"new mode" lines in its header
 
     @property
     def path(self) -> str:
@@ -142,7 +153,47 @@ def parse_trailers(message: str) -> dict[str, str]:
     return out
 
 
+def _check_ids(path: Path, change: FileChange, has_hunks: bool) -> None:
+    """Every file header names its blobs (format-patch --full-index): what lets lint and apply
+    prove the patch is whole. Only a pure mode change has no index line."""
+    where = change.line_no
+    if change.old_id is None:
+        if change.mode_change and not has_hunks and not change.binary:
+            return
+        raise _fail(
+            path,
+            f"{change.path}: file header has no 'index <old>..<new>' line with full blob ids "
+            "(written without --full-index, or the header was cut)",
+            where,
+        )
+    zero = change.old_id.strip("0") == ""
+    if (change.old_path is None) != zero:
+        raise _fail(
+            path,
+            f"{change.path}: index line's old id {change.old_id} does not fit "
+            "a " + ("created" if change.old_path is None else "modified") + " file",
+            where,
+        )
+    zero = change.new_id is not None and change.new_id.strip("0") == ""
+    if (change.new_path is None) != zero:
+        raise _fail(
+            path,
+            f"{change.path}: index line's new id {change.new_id} does not fit "
+            "a " + ("deleted" if change.new_path is None else "kept") + " file",
+            where,
+        )
+
+
 def _parse_diff(path: Path, lines: list[str], first: int) -> tuple[list[FileChange], list[Hunk]]:
+    changes, hunks = _parse_diff_body(path, lines, first)
+    for change in changes:
+        _check_ids(path, change, any(h.file == change.path for h in hunks))
+    return changes, hunks
+
+
+def _parse_diff_body(
+    path: Path, lines: list[str], first: int
+) -> tuple[list[FileChange], list[Hunk]]:
     changes: list[FileChange] = []
     hunks: list[Hunk] = []
     i = first
@@ -153,7 +204,7 @@ def _parse_diff(path: Path, lines: list[str], first: int) -> tuple[list[FileChan
             parts = line[len("diff --git ") :].split(" b/", 1)
             old = _strip_path(parts[0])
             new = _strip_path("b/" + parts[1]) if len(parts) == 2 else old
-            current = FileChange(old, new)
+            current = FileChange(old, new, line_no=i + 1)
             changes.append(current)
             i += 1
             continue
@@ -162,7 +213,19 @@ def _parse_diff(path: Path, lines: list[str], first: int) -> tuple[list[FileChan
                 break
             i += 1
             continue
-        if line.startswith("new file mode"):
+        if line.startswith("index "):
+            m = _INDEX.match(line)
+            if not m:
+                raise _fail(
+                    path,
+                    f"malformed index line {line!r} (want 'index <old>..<new> <mode>' with full "
+                    "blob ids, as git format-patch --full-index writes)",
+                    i + 1,
+                )
+            current.old_id, current.new_id = m.group(1), m.group(2)
+        elif line.startswith(("old mode ", "new mode ")):
+            current.mode_change = True
+        elif line.startswith("new file mode"):
             current.old_path = None
         elif line.startswith("deleted file mode"):
             current.new_path = None
