@@ -3,19 +3,22 @@
 Public API (stable):
     load_series(patches_dir) -> list[Patch]
         Read the order file ('#' comments and blank lines allowed) and parse every patch.
-        SeriesError if an entry is missing, listed twice, or a *.patch file is not listed.
+        SeriesError if an entry is missing, listed twice, not a plain file name in the directory
+        (no '/', '..' or absolute path: see paths.name_problem), or a *.patch file is not listed.
         A directory with neither a series file nor patches is an empty series.
     read_series_names(patches_dir) -> list[str]          just the order file
     parse_patch(path) -> Patch                            SeriesError names the file (and line)
     Patch: name, path, subject (without "[PATCH]"), author, date, message, trailers,
-           files, hunks, changes;  patch.tests() -> list[str]; patch.depends_on / provides
-           (lists) and patch.upstream_status (str | None) are properties.
+           files, hunks, changes, signature (the line after the closing "-- ", END_MARKER in
+           an exported patch; None when the file ends without one);
+           patch.tests() -> list[str]; patch.depends_on / provides (lists) and
+           patch.upstream_status (str | None) are properties.
     Hunk: file, old_start, old_len, new_start, new_len, header, lines, line_no, old_file
     FileChange: old_path (None if created), new_path (None if deleted), binary,
            old_id / new_id (the blob ids of its `index` line, full 40-hex; ZERO_ID for an added
            or deleted side; both None only for a pure mode change, which has no index line),
            line_no (1-based line of its "diff --git" header)
-    SERIES_FILE = "series";  ZERO_ID = "0" * 40
+    SERIES_FILE = "series";  ZERO_ID = "0" * 40;  END_MARKER = "fp4series"
 """
 
 from __future__ import annotations
@@ -28,9 +31,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from fp4series.errors import SeriesError
+from fp4series.paths import name_problem
 
 SERIES_FILE = "series"
 ZERO_ID = "0" * 40
+END_MARKER = "fp4series"  # format-patch --signature: proves the file was not cut short
 _INDEX = re.compile(
     r"^index ([0-9a-f]{40}|[0-9a-f]{64})\.\.([0-9a-f]{40}|[0-9a-f]{64})(?: [0-7]{6})?$"
 )
@@ -86,6 +91,7 @@ class Patch:
     hunks: list[Hunk]
     changes: list[FileChange] = field(default_factory=list)
     text: str = ""
+    signature: str | None = None  # the line after the closing "-- " (END_MARKER when exported)
 
     def _list(self, key: str) -> list[str]:
         raw = self.trailers.get(key, "")
@@ -184,16 +190,20 @@ def _check_ids(path: Path, change: FileChange, has_hunks: bool) -> None:
         )
 
 
-def _parse_diff(path: Path, lines: list[str], first: int) -> tuple[list[FileChange], list[Hunk]]:
-    changes, hunks = _parse_diff_body(path, lines, first)
+def _parse_diff(
+    path: Path, lines: list[str], first: int
+) -> tuple[list[FileChange], list[Hunk], str | None]:
+    """(file changes, hunks, signature: the line after the "-- " that ends the diff, if any)."""
+    changes, hunks, end = _parse_diff_body(path, lines, first)
     for change in changes:
         _check_ids(path, change, any(h.file == change.path for h in hunks))
-    return changes, hunks
+    signature = lines[end + 1] if end + 1 < len(lines) else None
+    return changes, hunks, signature
 
 
 def _parse_diff_body(
     path: Path, lines: list[str], first: int
-) -> tuple[list[FileChange], list[Hunk]]:
+) -> tuple[list[FileChange], list[Hunk], int]:
     changes: list[FileChange] = []
     hunks: list[Hunk] = []
     i = first
@@ -288,7 +298,7 @@ def _parse_diff_body(
         elif line == "-- ":
             break
         i += 1
-    return changes, hunks
+    return changes, hunks, i
 
 
 def parse_patch(path: Path | str) -> Patch:
@@ -299,6 +309,13 @@ def parse_patch(path: Path | str) -> Patch:
     except OSError as exc:
         raise _fail(path, f"cannot read: {exc.strerror}") from None
     lines = text.split("\n")
+    if lines[0].endswith("\r"):
+        raise SeriesError(
+            f"{path}:1: has CRLF (Windows) line endings; git format-patch writes LF, and the "
+            "hunks cannot be read with a CR on every line",
+            hint=f"restore LF endings (dos2unix {path}, or check it out again with "
+            "core.autocrlf=false), or re-export it with scripts/export.sh",
+        )
     if not lines[0].startswith("From "):
         raise _fail(path, "does not start with a 'From <sha> ...' line (not git format-patch)", 1)
     try:
@@ -317,7 +334,7 @@ def parse_patch(path: Path | str) -> Patch:
     if end >= len(lines):
         raise _fail(path, "contains no diff ('diff --git' line)")
     message = "\n".join(lines[blank + 1 : end]).strip("\n")
-    changes, hunks = _parse_diff(path, lines, end)
+    changes, hunks, signature = _parse_diff(path, lines, end)
     if not changes:
         raise _fail(path, "contains no diff ('diff --git' line)")
     return Patch(
@@ -332,6 +349,7 @@ def parse_patch(path: Path | str) -> Patch:
         hunks=hunks,
         changes=changes,
         text=text,
+        signature=signature,
     )
 
 
@@ -361,6 +379,10 @@ def series_problems(patches_dir: Path | str) -> list[tuple[int, str]]:
         entry = line.split("#", 1)[0].strip()
         if not entry:
             continue
+        bad = name_problem(entry)
+        if bad:
+            problems.append((no, f"{entry!r} is not a plain file name in {patches_dir}: {bad}"))
+            continue
         if entry in seen:
             problems.append((no, f"{entry} is listed twice (first on line {seen[entry]})"))
         seen.setdefault(entry, no)
@@ -380,6 +402,8 @@ def load_series(patches_dir: Path | str) -> list[Patch]:
         where = patches_dir / SERIES_FILE
         text = "; ".join(f"{where}:{no}: {p}" if no else f"{where}: {p}" for no, p in problems)
         raise SeriesError(
-            text, hint="list every patches/*.patch exactly once in patches/series, in order"
+            text,
+            hint="list every patches/*.patch exactly once in patches/series, in order, "
+            "by its file name alone",
         )
     return [parse_patch(patches_dir / name) for name in read_series_names(patches_dir)]
