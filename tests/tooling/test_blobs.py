@@ -83,7 +83,9 @@ def add_two_hunk_patch(env: Env) -> Path:
     edit(work, A_PY, "value_38 = 38\n", "value_38 = 3838\n")
     edit(work, B_PY, "def existing():\n", "def existing():  # kept\n")
     commit(work, "[Quant] Two hunks in a and one in b", "a.py, b.py", "2026-05-03T10:00:00+0000")
-    export.export_series(work, env.patches, lock=env.lock, cache_dir=env.cache, progress=quiet())
+    export.export_series(
+        work, env.patches, lock=env.lock, cache_dir=env.cache, progress=quiet(), force=True
+    )
     return env.patches / P3
 
 
