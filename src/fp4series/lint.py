@@ -132,7 +132,11 @@ def _check_trailers(
             if target.startswith(prefix):
                 target = target[len(prefix) :]
         file_part = target.split("::", 1)[0]
-        if not file_part or not (root / file_part).exists():
+        if file_part.startswith("/") or ".." in file_part.split("/"):
+            say.append(
+                (tests_line, f"Tests: {test} must be a path inside the project (relative, no '..')")
+            )
+        elif not file_part or not (root / file_part).exists():
             say.append(
                 (tests_line, f"Tests: {test} does not exist (looked for {root / file_part})")
             )

@@ -146,3 +146,12 @@ def test_overlap_on_a_directory_without_series_says_so(tmp_path: Path) -> None:
     assert run.returncode == 1
     assert "holds no series" in run.stderr and "no two patches" not in run.stdout
     assert "Traceback" not in run.stderr
+
+
+@pytest.mark.parametrize("value", ["tests/../../outside.py", "/etc/hostname"])
+def test_tests_trailer_stays_inside_the_project(env: Env, value: str) -> None:
+    path = env.patches / P1
+    path.write_text(
+        path.read_text().replace("Tests: tests/test_fake.py::test_one", f"Tests: {value}")
+    )
+    assert f"Tests: {value} must be a path inside the project" in lint(env)
