@@ -31,7 +31,7 @@ from dataclasses import dataclass, field
 
 from git import GitCommandError, Repo
 
-from fp4series.series import ZERO_ID, FileChange, Hunk, Patch
+from fp4series.series import FileChange, Hunk, Patch
 
 
 @dataclass(frozen=True)
@@ -215,9 +215,10 @@ def _check_change(
             f"{exc.hunk.old_start}: the hunk was edited",
         )
         return
-    got = blob_id(post, len(new)) if change.new_path else ZERO_ID
-    if change.new_path is None and post:
-        got = blob_id(post, len(old))
+    if change.new_path is None:  # a deletion's hunks must remove every line
+        got = blob_id(post, len(old)) if post else new
+    else:
+        got = blob_id(post, len(new))
     if got != new:
         last = hunks[-1] if hunks else None
         where = f"after its last hunk {last.header!r} (line {last.line_no})" if last else ""

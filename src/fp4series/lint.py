@@ -276,6 +276,11 @@ def lint_paths(
         problems += lint_patch(path, root=root, series_names=names)
     notes = notes if notes is not None else []
     where = _pin_location(root, pin)
+    if where is None and require_pin:
+        raise SeriesError(
+            f"{root / 'upstream.lock'} does not name a pin, so the blob check cannot run",
+            hint="fix upstream.lock (scripts/lint-patches.sh upstream.lock says what is wrong)",
+        )
     if where is None:
         notes.append(f"blob check skipped: {root / 'upstream.lock'} does not name a pin")
     elif not (where[0] / ".git").exists() and not require_pin and pin is None:

@@ -67,6 +67,8 @@ def test_a_deletion_must_be_absent(env: Env) -> None:
     assert blob_mismatches(repo, "HEAD", drop) == []
     (miss,) = blob_mismatches(repo, "HEAD~1", drop)
     assert miss.file == NEW_PY and miss.expected is None and miss.actual
+    replayed = check_series_blobs([drop], repo, "HEAD~1")
+    assert replayed.problems == [] and replayed.checked == 1
 
 
 # --- lint: the series replayed on the pin's blobs ---------------------------------------------
