@@ -406,7 +406,7 @@ def prepare_checkout(root: Path, *, fresh: bool = False) -> Path:
     pin = the_lock.pin
     work = root / ".work"
     steps = Steps(prefix="checkout")
-    up_dir = work / "upstream" / pin.tag
+    up_dir = paths.pin_repo_dir(pin.tag, root)
     with steps.step(f"pin {pin.tag}") as note:
         if (up_dir / ".git").is_dir():
             up_repo = git.Repo(up_dir)

@@ -5,16 +5,24 @@ Every git option that could make the output depend on the user's config is fixed
 commit id in the "From" line is zeroed, and file names keep their stem when the subject is
 unchanged, so apply -> export leaves `git diff --exit-code patches/` empty.
 
+Nothing under patches/ is lost: before writing anything, export works out every file it would
+overwrite or delete and refuses (listing them) when one holds changes that are not committed
+(git status under the patches dir; outside a git work tree every existing file counts), unless
+told `force`. A checkout with no commits on the pin would empty the series: refused unless
+`allow_empty`. Each file is written to a temporary file and renamed over the old one, so a
+kill mid-export leaves every file either old or new, never truncated (the set of files may then
+mix old and new: rerun the export).
+
 Public API (stable):
     export_series(checkout, patches_dir, *, base=None, lock=None, cache_dir=None,
-                  progress=None) -> list[Path]
+                  progress=None, force=False, allow_empty=False) -> list[Path]
         base: a revision (default: the lock's tag if the checkout has it, else the base the
         wheel RECORD proves). Writes NNNN-<stem>.patch per commit base..HEAD, rewrites the
         series file (its leading comment block kept) and removes *.patch no longer in range.
     format_patch(repo, commit) -> bytes       one commit in the series' exact patch form
     patch_stem(subject) -> str                file stem for a new subject
     FORMAT_PATCH_ARGS, GIT_CONFIG_OVERRIDES
-CLI: export CHECKOUT [--base REV]
+CLI: export CHECKOUT [--base REV] [--force] [--allow-empty]
 """
 
 from __future__ import annotations
@@ -22,21 +30,22 @@ from __future__ import annotations
 import argparse
 import os
 import re
+import tempfile
 from pathlib import Path
 
-from git import Repo
+from git import InvalidGitRepositoryError, NoSuchPathError, Repo
 
 from fp4series import gitops, paths
 from fp4series.errors import SeriesError
 from fp4series.lock import Lock, load_lock
 from fp4series.progress import Progress
-from fp4series.series import SERIES_FILE, load_series, parse_patch, read_series_names
+from fp4series.series import END_MARKER, SERIES_FILE, load_series, parse_patch, read_series_names
 from fp4series.verify import find_base
 
 FORMAT_PATCH_ARGS = (
     "--stdout",
     "--zero-commit",
-    "--no-signature",
+    f"--signature={END_MARKER}",  # an end marker: lint refuses a patch cut short
     "--no-stat",
     "--full-index",
     "--no-numbered",
@@ -112,9 +121,62 @@ def _series_header(patches_dir: Path) -> list[str]:
 
 
 def _write(path: Path, data: bytes) -> None:
-    tmp = path.with_name(f".{path.name}.tmp")
-    tmp.write_bytes(data)
-    os.replace(tmp, path)
+    """Replace PATH by DATA atomically: a temporary file in the same directory, renamed."""
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    try:
+        with os.fdopen(fd, "wb") as fh:
+            fh.write(data)
+            fh.flush()
+            os.fsync(fh.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+
+
+def _uncommitted(patches_dir: Path) -> set[str] | None:
+    """Names of entries directly in PATCHES_DIR whose content git has not committed (modified,
+    staged, untracked or ignored); None when PATCHES_DIR is not in a git work tree."""
+    try:
+        repo = Repo(patches_dir, search_parent_directories=True)
+    except (InvalidGitRepositoryError, NoSuchPathError):
+        return None
+    if repo.bare or repo.working_tree_dir is None:
+        return None
+    top = Path(repo.working_tree_dir).resolve()
+    rel = patches_dir.resolve().relative_to(top).as_posix()
+    out = repo.git.status(
+        "--porcelain=v1", "-z", "--untracked-files=all", "--ignored", "--", rel or "."
+    )
+    names: set[str] = set()
+    for entry in out.split("\0"):
+        if len(entry) > 3 and entry[2] == " ":
+            name = Path(entry[3:])
+            if name.parent.as_posix() == (rel or "."):
+                names.add(name.name)
+    return names
+
+
+def _refuse_losses(patches_dir: Path, planned: dict[str, bytes], stale: list[Path]) -> None:
+    """SeriesError listing every file whose uncommitted content the export would replace."""
+    uncommitted = _uncommitted(patches_dir)
+    why = "not in a git work tree" if uncommitted is None else "uncommitted changes"
+    at_risk: list[str] = []
+    for name, data in planned.items():
+        path = patches_dir / name
+        changes = path.exists() and path.read_bytes() != data
+        if changes and (uncommitted is None or name in uncommitted):
+            at_risk.append(f"  overwrite {path} ({why})")
+    for path in stale:
+        if uncommitted is None or path.name in uncommitted:
+            at_risk.append(f"  delete    {path} ({why})")
+    if at_risk:
+        raise SeriesError(
+            "export would overwrite or delete changes that exist nowhere else; nothing was "
+            "written:\n" + "\n".join(at_risk),
+            hint=f"commit or save them first (git add {patches_dir}; git commit), or pass "
+            "--force to replace them",
+        )
 
 
 def _resolve_base(repo: Repo, base: str | None, lock: Lock, patches_dir: Path, cache: Path | None):
@@ -141,6 +203,8 @@ def export_series(
     lock: Lock | None = None,
     cache_dir: Path | None = None,
     progress: Progress | None = None,
+    force: bool = False,
+    allow_empty: bool = False,
 ) -> list[Path]:
     """Write one patch per commit base..HEAD into PATCHES_DIR and rewrite its series file."""
     progress = progress or Progress()
@@ -156,27 +220,40 @@ def export_series(
             f"merge commit {merges[0].hexsha[:12]} in {base_sha[:12]}..HEAD; a series is linear",
             hint="rebase your work onto the pin without merges (git rebase BASE)",
         )
+    existing = sorted(patches_dir.glob("*.patch")) if patches_dir.is_dir() else []
+    if not commits and not allow_empty:
+        listed = "".join(f"\n  delete {p}" for p in existing)
+        raise SeriesError(
+            f"{checkout} has no commits on top of the pin ({base_sha[:12]}..HEAD is empty): "
+            f"exporting would empty {patches_dir / SERIES_FILE}{listed}\nnothing was written",
+            hint="check out the branch that holds the series commits (scripts/apply.sh makes "
+            "one), or pass --allow-empty to really empty the series",
+        )
     with progress.step(f"export {len(commits)} commit(s) from {base_sha[:12]}..HEAD"):
-        patches_dir.mkdir(parents=True, exist_ok=True)
-        stems = _existing_stems(patches_dir)
-        names: list[str] = []
-        written: list[Path] = []
+        stems = _existing_stems(patches_dir) if patches_dir.is_dir() else {}
+        planned: dict[str, bytes] = {}
         for i, commit in enumerate(commits, start=1):
             stem = stems.get(commit.summary) or patch_stem(commit.summary)
             name = f"{i:04d}-{stem}.patch"
-            if name in names:
+            if name in planned:
                 raise SeriesError(f"two commits would both be written as {name}")
-            names.append(name)
-            path = patches_dir / name
-            _write(path, format_patch(repo, commit.hexsha))
-            written.append(path)
-            progress.info(name)
-        for stale in sorted(patches_dir.glob("*.patch")):
-            if stale.name not in names:
-                stale.unlink()
-                progress.info(f"removed {stale.name}")
+            planned[name] = format_patch(repo, commit.hexsha)
+        names = list(planned)
         lines = _series_header(patches_dir) + names
-        _write(patches_dir / SERIES_FILE, ("\n".join(lines) + "\n").encode() if lines else b"")
+        series_text = ("\n".join(lines) + "\n").encode() if lines else b""
+        stale = [p for p in existing if p.name not in planned]
+        if not force:
+            _refuse_losses(patches_dir, {**planned, SERIES_FILE: series_text}, stale)
+        patches_dir.mkdir(parents=True, exist_ok=True)
+        written: list[Path] = []
+        for name, data in planned.items():
+            _write(patches_dir / name, data)
+            written.append(patches_dir / name)
+            progress.info(name)
+        for path in stale:
+            path.unlink()
+            progress.info(f"removed {path.name}")
+        _write(patches_dir / SERIES_FILE, series_text)
     if read_series_names(patches_dir) != names:
         raise SeriesError("internal: the series file does not list what was exported")
     return written
@@ -189,6 +266,8 @@ def _cmd_export(args: argparse.Namespace) -> int:
         base=args.base,
         lock=load_lock(args.lock),
         cache_dir=args.cache_dir,
+        force=args.force,
+        allow_empty=args.allow_empty,
     )
     print(f"exported {len(written)} patch(es) to {args.patches}")
     return 0
@@ -201,4 +280,14 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--patches", type=Path, default=paths.default_patches_dir())
     p.add_argument("--lock", type=Path, default=paths.default_lock_path())
     p.add_argument("--cache-dir", type=Path, default=paths.default_cache_dir())
+    p.add_argument(
+        "--force",
+        action="store_true",
+        help="overwrite or delete files in the patches dir even if their changes are not committed",
+    )
+    p.add_argument(
+        "--allow-empty",
+        action="store_true",
+        help="export a checkout with no commits on the pin (empties the series)",
+    )
     p.set_defaults(func=_cmd_export)

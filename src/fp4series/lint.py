@@ -1,15 +1,25 @@
-"""Patch linter (also the pre-commit hook): form, message sections, trailers, whitespace, series.
+"""Patch linter (also the pre-commit hook): form, message sections, trailers, whitespace, series,
+and that every patch is whole (its end marker; its blob ids, replayed on the pin's files).
 
 Messages read `patches/0003-x.patch:12: what is wrong`, one per problem, exit 1 if any.
+The linter refuses whatever apply or split would refuse (series entries and Group: values that
+are not plain names, patches that do not parse).
+
+The blob check needs the pin's blobs: a git repo holding the lock's pin tag, by default
+<root>/.work/upstream/<tag> (made by scripts/main.sh or scripts/fetch-upstream.sh). Without it
+the check is skipped with a note on stderr (the pre-commit hook runs offline); `--blobs` makes a
+missing pin an error, which is how CI runs it after scripts/main.sh.
 
 Public API (stable):
     lint_patch(path, *, root, series_names=None) -> list[Problem]
     lint_series(patches_dir) -> list[Problem]
-    lint_paths(paths, *, root, patches_dir) -> list[Problem]   what the CLI runs
+    lint_blobs(patches_dir, pin_repo, rev) -> (list[Problem], list[str] notes)
+    lint_paths(paths, *, root, patches_dir, pin=None, require_pin=False, notes=None)
+        -> list[Problem]     what the CLI runs; notes (a list) receives what was skipped
     Problem(path, line, message); str(problem) is the one-line form above
     UPSTREAM_STATUS   regex of allowed Upstream-Status values
-CLI: lint [FILES...]   (no FILES: every patch in patches/ plus the series file;
-     an upstream.lock among FILES is validated too)
+CLI: lint [FILES...] [--pin REPO] [--blobs]   (no FILES: every patch in patches/ plus the series
+     file; an upstream.lock among FILES is validated too)
 """
 
 from __future__ import annotations
@@ -23,7 +33,15 @@ from pathlib import Path
 from fp4series import paths
 from fp4series.errors import SeriesError
 from fp4series.lock import load_lock
-from fp4series.series import SERIES_FILE, Patch, parse_patch, read_series_names, series_problems
+from fp4series.series import (
+    END_MARKER,
+    SERIES_FILE,
+    Patch,
+    load_series,
+    parse_patch,
+    read_series_names,
+    series_problems,
+)
 
 SUBJECT_MAX = 72
 SECTIONS = ("Why:", "What:", "How verified:")
@@ -114,9 +132,24 @@ def _check_trailers(
             if target.startswith(prefix):
                 target = target[len(prefix) :]
         file_part = target.split("::", 1)[0]
-        if not file_part or not (root / file_part).exists():
+        if file_part.startswith("/") or ".." in file_part.split("/"):
+            say.append(
+                (tests_line, f"Tests: {test} must be a path inside the project (relative, no '..')")
+            )
+        elif not file_part or not (root / file_part).exists():
             say.append(
                 (tests_line, f"Tests: {test} does not exist (looked for {root / file_part})")
+            )
+    group = patch.trailers.get("Group")
+    if group is not None:
+        bad = paths.name_problem(group.strip())
+        if bad:
+            say.append(
+                (
+                    _line_of(lines, "Group:"),
+                    f"Group: {group!r} is not a plain name ({bad}); it names a branch and a "
+                    "directory of scripts/split.sh",
+                )
             )
     if names is not None:
         dep_line = _line_of(lines, "Depends-On:")
@@ -159,6 +192,16 @@ def lint_patch(path: Path, *, root: Path, series_names: list[str] | None = None)
     _check_message(patch, lines, say)
     _check_trailers(patch, lines, root, series_names, say)
     _check_whitespace(patch, say)
+    if patch.signature != END_MARKER:
+        last = patch.hunks[-1] if patch.hunks else None
+        after = f" after hunk {last.header!r} of {last.file} (line {last.line_no})" if last else ""
+        say.append(
+            (
+                len(patch.text.rstrip("\n").split("\n")),
+                f"the patch ends{after} without its end marker ('-- ' then {END_MARKER!r}): it "
+                "was cut short there, or not written by scripts/export.sh",
+            )
+        )
     if series_names is not None and patch.name in series_names and _NAME.match(patch.name):
         pos = series_names.index(patch.name) + 1
         if int(patch.name[:4]) != pos:
@@ -171,8 +214,54 @@ def lint_series(patches_dir: Path) -> list[Problem]:
     return [Problem(shown, line, msg) for line, msg in series_problems(patches_dir)]
 
 
-def lint_paths(files: list[Path], *, root: Path, patches_dir: Path) -> list[Problem]:
-    """Lint the given patch files (all of PATCHES_DIR when none) and its series consistency."""
+def lint_blobs(patches_dir: Path, pin_repo: Path, rev: str) -> tuple[list[Problem], list[str]]:
+    """Replay the series on the pin's blobs (blobs.check_series_blobs): every post-image id must
+    come out of its hunks, every pre-image must be what the pin plus earlier patches hold."""
+    from git import GitCommandError, InvalidGitRepositoryError, NoSuchPathError, Repo
+
+    from fp4series.blobs import check_series_blobs
+
+    try:
+        patches = load_series(patches_dir)
+    except SeriesError:
+        return [], ["blob check skipped: the series does not load (see the problems above)"]
+    try:
+        repo = Repo(pin_repo)
+        repo.git.rev_parse("--verify", "--quiet", f"{rev}^{{commit}}")
+    except (InvalidGitRepositoryError, NoSuchPathError, GitCommandError):
+        raise SeriesError(
+            f"{pin_repo} is not a git repo holding the pin {rev}, so the blob check cannot run",
+            hint="pass --pin with a checkout that has the pin's tag, or materialize it: "
+            f"scripts/fetch-upstream.sh {pin_repo}",
+        ) from None
+    result = check_series_blobs(patches, repo, rev)
+    by_name = {patch.name: patch.path for patch in patches}
+    problems = [Problem(_display(by_name[b.patch]), b.line, b.message) for b in result.problems]
+    notes = [f"blob check: {why}" for why in result.skipped]
+    return problems, notes
+
+
+def _pin_location(root: Path, pin: Path | None) -> tuple[Path, str] | None:
+    """(pin repo, pin tag) to check blobs against, or None when the lock cannot say."""
+    try:
+        tag = load_lock(root / "upstream.lock").pin.tag
+    except SeriesError:
+        return None
+    return (pin or paths.pin_repo_dir(tag, root)), tag
+
+
+def lint_paths(
+    files: list[Path],
+    *,
+    root: Path,
+    patches_dir: Path,
+    pin: Path | None = None,
+    require_pin: bool = False,
+    notes: list[str] | None = None,
+) -> list[Problem]:
+    """Lint the given patch files (all of PATCHES_DIR when none), its series consistency and,
+    where the pin's blobs are at hand (PIN, else <root>/.work/upstream/<tag>), the blob ids.
+    What was not checked is appended to NOTES; REQUIRE_PIN makes a missing pin an error."""
     targets = [f for f in files if f.suffix == ".patch"]
     if not files:
         targets = sorted(patches_dir.glob("*.patch"))
@@ -185,13 +274,42 @@ def lint_paths(files: list[Path], *, root: Path, patches_dir: Path) -> list[Prob
     names = read_series_names(patches_dir)
     for path in targets:
         problems += lint_patch(path, root=root, series_names=names)
+    notes = notes if notes is not None else []
+    where = _pin_location(root, pin)
+    if where is None and require_pin:
+        raise SeriesError(
+            f"{root / 'upstream.lock'} does not name a pin, so the blob check cannot run",
+            hint="fix upstream.lock (scripts/lint-patches.sh upstream.lock says what is wrong)",
+        )
+    if where is None:
+        notes.append(f"blob check skipped: {root / 'upstream.lock'} does not name a pin")
+    elif not (where[0] / ".git").exists() and not require_pin and pin is None:
+        notes.append(
+            f"blob check skipped: the pin is not materialized at {where[0]}; run "
+            f"scripts/fetch-upstream.sh {where[0]} (or scripts/main.sh), or pass --pin with a "
+            f"checkout that has tag {where[1]}"
+        )
+    else:
+        found, skipped = lint_blobs(patches_dir, where[0], where[1])
+        problems += found
+        notes += skipped
     return problems
 
 
 def _cmd_lint(args: argparse.Namespace) -> int:
-    problems = lint_paths(args.files, root=args.root, patches_dir=args.patches)
+    notes: list[str] = []
+    problems = lint_paths(
+        args.files,
+        root=args.root,
+        patches_dir=args.patches,
+        pin=args.pin,
+        require_pin=args.blobs,
+        notes=notes,
+    )
     for problem in problems:
         print(problem)
+    for note in notes:
+        print(f"note: {note}", file=sys.stderr)
     if problems:
         print(f"{len(problems)} problem(s); see the patch format in README.md", file=sys.stderr)
         return 1
@@ -203,4 +321,13 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("files", nargs="*", type=Path)
     p.add_argument("--patches", type=Path, default=paths.default_patches_dir())
     p.add_argument("--root", type=Path, default=paths.project_root(), help="where Tests: live")
+    p.add_argument(
+        "--pin",
+        type=Path,
+        help="git repo holding the pin's tag, for the blob check (default: "
+        "<root>/.work/upstream/<tag>, skipped with a note when absent)",
+    )
+    p.add_argument(
+        "--blobs", action="store_true", help="a missing pin is an error, not a skipped check"
+    )
     p.set_defaults(func=_cmd_lint)

@@ -2,7 +2,9 @@
 
 Public API (stable):
     load_lock(path) -> Lock
-        Parse and validate the lock (tomllib). Raises SeriesError with a hint on bad content.
+        Parse and validate the lock (tomllib). Raises SeriesError with a hint on bad content;
+        values that become file names (tags, wheel file names, package, path prefixes' parts)
+        must be plain names (paths.name_problem).
     record_target_sha256(lock_path, version, filename, sha256) -> None
         Record a target wheel's file name and sha256, editing the text in place (comments kept);
         appends a ``[[targets]]`` entry when the version is not listed yet.
@@ -24,6 +26,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from fp4series.errors import SeriesError
+from fp4series.paths import name_problem
 
 UNRESOLVED = "unresolved"
 _SHA1 = re.compile(r"^[0-9a-f]{40}$")
@@ -83,6 +86,13 @@ def _bad(path: Path, what: str, hint: str = "") -> SeriesError:
     )
 
 
+def _plain(path: Path, value: str, what: str) -> None:
+    """Values that become file or directory names (a tag names .work/upstream/<tag>)."""
+    problem = name_problem(value)
+    if problem:
+        raise _bad(path, f"{what} {value!r} is not a plain name: {problem}")
+
+
 def _str(path: Path, table: dict, key: str, where: str, *, required: bool = True) -> str:
     value = table.get(key, "" if not required else None)
     if value is None:
@@ -106,8 +116,10 @@ def _release(path: Path, table: dict, where: str, *, pinned: bool) -> Release:
         )
     wheel = _str(path, table, "wheel_filename", where, required=pinned)
     sha = _str(path, table, "sha256", where, required=pinned).lower()
-    if wheel and not (wheel.endswith(".whl") and "/" not in wheel):
-        raise _bad(path, f"{where}.wheel_filename {wheel!r} is not a wheel file name")
+    _plain(path, tag, f"{where}.tag")
+    if wheel and (name_problem(wheel) or not wheel.endswith(".whl")):
+        why = name_problem(wheel) or "it does not end in .whl"
+        raise _bad(path, f"{where}.wheel_filename {wheel!r} is not a wheel file name: {why}")
     if sha and not _SHA256.match(sha):
         raise _bad(path, f"{where}.sha256 {sha!r} is not 64 hex digits")
     if pinned and not (wheel and sha):
@@ -135,9 +147,12 @@ def load_lock(path: Path | str) -> Lock:
     package = _str(path, upstream, "package", "[upstream]", required=False) or "sglang"
     wheel_prefix = _str(path, paths, "wheel_prefix", "[paths]", required=False) or "sglang/"
     repo_prefix = _str(path, paths, "repo_prefix", "[paths]", required=False) or "python/sglang/"
+    _plain(path, package, "[upstream].package")
     for name, prefix in (("wheel_prefix", wheel_prefix), ("repo_prefix", repo_prefix)):
         if not prefix.endswith("/") or prefix.startswith("/"):
             raise _bad(path, f"[paths].{name} {prefix!r} must be relative and end with '/'")
+        for part in prefix[:-1].split("/"):
+            _plain(path, part, f"[paths].{name} {prefix!r}: component")
     raw_targets = data.get("targets", [])
     if not isinstance(raw_targets, list):
         raise _bad(path, "targets must be an array of tables ([[targets]])")

@@ -21,7 +21,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from fp4series.errors import SeriesError
-from fp4series.series import parse_trailers
+from fp4series.paths import default_patches_dir
+from fp4series.series import SERIES_FILE, load_series, parse_trailers
 
 HUNK_RE = re.compile(r"^@@ -(\d+)(?:,(\d+))? \+(\d+)(?:,(\d+))? @@(.*)$")
 
@@ -342,33 +343,10 @@ def load_patch(path: Path) -> PatchDoc:
 
 
 def load_patch_docs(patches_dir: Path, only: Iterable[str] | None = None) -> list[PatchDoc]:
-    """Load the series in order, through series.load_series when tooling-core's module exists."""
-    paths: list[Path]
-    trailers: dict[str, dict[str, str]] = {}
-    try:
-        from fp4series import series as series_mod  # tooling-core's module
-    except ImportError:
-        series_mod = None  # type: ignore[assignment]
-    if series_mod is not None and hasattr(series_mod, "load_series"):
-        loaded = series_mod.load_series(patches_dir)
-        paths = [Path(item.path) for item in loaded]
-        for item in loaded:
-            tr = getattr(item, "trailers", None)
-            if isinstance(tr, dict):
-                trailers[Path(item.path).name] = {k: str(v) for k, v in tr.items()}
-    else:
-        series_file = patches_dir / "series"
-        if not series_file.is_file():
-            raise SeriesError(
-                f"no series file at {series_file}",
-                hint="pass --patches-dir pointing at a directory with `series` and NNNN-*.patch",
-            )
-        names = [
-            ln.strip()
-            for ln in series_file.read_text().splitlines()
-            if ln.strip() and not ln.lstrip().startswith("#")
-        ]
-        paths = [patches_dir / n for n in names]
+    """Load the series in order; series.load_series validates the order file and its names."""
+    loaded = load_series(patches_dir)
+    paths = [Path(item.path) for item in loaded]
+    trailers = {Path(item.path).name: item.trailers for item in loaded}
     docs: list[PatchDoc] = []
     wanted = set(only) if only else None
     for p in paths:
@@ -669,6 +647,13 @@ def format_overlaps(overlaps: Sequence[Overlap]) -> str:
 
 def cmd_overlap(args: argparse.Namespace) -> int:
     docs = load_patch_docs(Path(args.patches_dir), args.patches or None)
+    if not docs and not args.patches:
+        raise SeriesError(
+            f"{args.patches_dir} holds no series (no {SERIES_FILE} file listing patches), "
+            "so there is nothing to compare",
+            hint="pass --patches-dir with the directory holding series and NNNN-*.patch "
+            f"(default: the project's {default_patches_dir()})",
+        )
     if args.patches:
         wanted = set(args.patches)
         all_ov = compute_overlaps(load_patch_docs(Path(args.patches_dir)))
@@ -698,7 +683,12 @@ def register_overlap(subparsers: argparse._SubParsersAction) -> None:
         help="show which lines two patches both touch (so PRs can be ordered)",
         description=format_overlaps.__doc__,
     )
-    p.add_argument("--patches-dir", default="patches", help="directory with series + patches")
+    p.add_argument(
+        "--patches-dir",
+        type=Path,
+        default=default_patches_dir(),
+        help="directory with series + patches (default: the project's patches/, from any cwd)",
+    )
     p.add_argument("patches", nargs="*", help="limit to pairs involving these patches")
     p.add_argument("--json", action="store_true", help="print JSON instead of text")
     p.set_defaults(func=cmd_overlap)

@@ -1431,6 +1431,7 @@ def prepare_release(lock: Any, version: str, work: Path, cache: Path) -> Target:
     release under ``.work/upstream/<version>``; a materialized release is reused as it is."""
     from fp4series import lock as lock_mod
     from fp4series import upstream
+    from fp4series.paths import remove_tree_inside
 
     release = lock.release(version)
     dest = work / "upstream" / version
@@ -1441,7 +1442,7 @@ def prepare_release(lock: Any, version: str, work: Path, cache: Path) -> Target:
             lock = lock_mod.load_lock(lock.path)
             release = lock.release(version)
         if dest.exists():
-            shutil.rmtree(dest)
+            remove_tree_inside(dest, work / "upstream")
         upstream.materialize(release, dest, cache, lock=lock)
     return Target(version, dest, tag)
 

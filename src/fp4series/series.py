@@ -3,16 +3,22 @@
 Public API (stable):
     load_series(patches_dir) -> list[Patch]
         Read the order file ('#' comments and blank lines allowed) and parse every patch.
-        SeriesError if an entry is missing, listed twice, or a *.patch file is not listed.
+        SeriesError if an entry is missing, listed twice, not a plain file name in the directory
+        (no '/', '..' or absolute path: see paths.name_problem), or a *.patch file is not listed.
         A directory with neither a series file nor patches is an empty series.
     read_series_names(patches_dir) -> list[str]          just the order file
     parse_patch(path) -> Patch                            SeriesError names the file (and line)
     Patch: name, path, subject (without "[PATCH]"), author, date, message, trailers,
-           files, hunks, changes;  patch.tests() -> list[str]; patch.depends_on / provides
-           (lists) and patch.upstream_status (str | None) are properties.
+           files, hunks, changes, signature (the line after the closing "-- ", END_MARKER in
+           an exported patch; None when the file ends without one);
+           patch.tests() -> list[str]; patch.depends_on / provides (lists) and
+           patch.upstream_status (str | None) are properties.
     Hunk: file, old_start, old_len, new_start, new_len, header, lines, line_no, old_file
-    FileChange: old_path (None if created), new_path (None if deleted), binary
-    SERIES_FILE = "series"
+    FileChange: old_path (None if created), new_path (None if deleted), binary,
+           old_id / new_id (the blob ids of its `index` line, full 40-hex; ZERO_ID for an added
+           or deleted side; both None only for a pure mode change, which has no index line),
+           line_no (1-based line of its "diff --git" header)
+    SERIES_FILE = "series";  ZERO_ID = "0" * 40;  END_MARKER = "fp4series"
 """
 
 from __future__ import annotations
@@ -25,8 +31,14 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from fp4series.errors import SeriesError
+from fp4series.paths import name_problem
 
 SERIES_FILE = "series"
+ZERO_ID = "0" * 40
+END_MARKER = "fp4series"  # format-patch --signature: proves the file was not cut short
+_INDEX = re.compile(
+    r"^index ([0-9a-f]{40}|[0-9a-f]{64})\.\.([0-9a-f]{40}|[0-9a-f]{64})(?: [0-7]{6})?$"
+)
 _HUNK = re.compile(r"^@@ -(\d+)(?:,(\d+))? \+(\d+)(?:,(\d+))? @@ ?(.*)$")
 _TRAILER = re.compile(r"^([A-Za-z][A-Za-z0-9-]*):\s*(.*)$")
 _PATCH_PREFIX = re.compile(r"^\s*\[[^\]]*PATCH[^\]]*\]\s*")
@@ -56,6 +68,10 @@ class FileChange:
     old_path: str | None
     new_path: str | None
     binary: bool = False
+    old_id: str | None = None
+    new_id: str | None = None
+    line_no: int = 0
+    mode_change: bool = False  # "old mode"/"new mode" lines in its header
 
     @property
     def path(self) -> str:
@@ -75,6 +91,7 @@ class Patch:
     hunks: list[Hunk]
     changes: list[FileChange] = field(default_factory=list)
     text: str = ""
+    signature: str | None = None  # the line after the closing "-- " (END_MARKER when exported)
 
     def _list(self, key: str) -> list[str]:
         raw = self.trailers.get(key, "")
@@ -142,7 +159,51 @@ def parse_trailers(message: str) -> dict[str, str]:
     return out
 
 
-def _parse_diff(path: Path, lines: list[str], first: int) -> tuple[list[FileChange], list[Hunk]]:
+def _check_ids(path: Path, change: FileChange, has_hunks: bool) -> None:
+    """Every file header names its blobs (format-patch --full-index): what lets lint and apply
+    prove the patch is whole. Only a pure mode change has no index line."""
+    where = change.line_no
+    if change.old_id is None:
+        if change.mode_change and not has_hunks and not change.binary:
+            return
+        raise _fail(
+            path,
+            f"{change.path}: file header has no 'index <old>..<new>' line with full blob ids "
+            "(written without --full-index, or the header was cut)",
+            where,
+        )
+    zero = change.old_id.strip("0") == ""
+    if (change.old_path is None) != zero:
+        raise _fail(
+            path,
+            f"{change.path}: index line's old id {change.old_id} does not fit "
+            "a " + ("created" if change.old_path is None else "modified") + " file",
+            where,
+        )
+    zero = change.new_id is not None and change.new_id.strip("0") == ""
+    if (change.new_path is None) != zero:
+        raise _fail(
+            path,
+            f"{change.path}: index line's new id {change.new_id} does not fit "
+            "a " + ("deleted" if change.new_path is None else "kept") + " file",
+            where,
+        )
+
+
+def _parse_diff(
+    path: Path, lines: list[str], first: int
+) -> tuple[list[FileChange], list[Hunk], str | None]:
+    """(file changes, hunks, signature: the line after the "-- " that ends the diff, if any)."""
+    changes, hunks, end = _parse_diff_body(path, lines, first)
+    for change in changes:
+        _check_ids(path, change, any(h.file == change.path for h in hunks))
+    signature = lines[end + 1] if end + 1 < len(lines) else None
+    return changes, hunks, signature
+
+
+def _parse_diff_body(
+    path: Path, lines: list[str], first: int
+) -> tuple[list[FileChange], list[Hunk], int]:
     changes: list[FileChange] = []
     hunks: list[Hunk] = []
     i = first
@@ -153,7 +214,7 @@ def _parse_diff(path: Path, lines: list[str], first: int) -> tuple[list[FileChan
             parts = line[len("diff --git ") :].split(" b/", 1)
             old = _strip_path(parts[0])
             new = _strip_path("b/" + parts[1]) if len(parts) == 2 else old
-            current = FileChange(old, new)
+            current = FileChange(old, new, line_no=i + 1)
             changes.append(current)
             i += 1
             continue
@@ -162,7 +223,19 @@ def _parse_diff(path: Path, lines: list[str], first: int) -> tuple[list[FileChan
                 break
             i += 1
             continue
-        if line.startswith("new file mode"):
+        if line.startswith("index "):
+            m = _INDEX.match(line)
+            if not m:
+                raise _fail(
+                    path,
+                    f"malformed index line {line!r} (want 'index <old>..<new> <mode>' with full "
+                    "blob ids, as git format-patch --full-index writes)",
+                    i + 1,
+                )
+            current.old_id, current.new_id = m.group(1), m.group(2)
+        elif line.startswith(("old mode ", "new mode ")):
+            current.mode_change = True
+        elif line.startswith("new file mode"):
             current.old_path = None
         elif line.startswith("deleted file mode"):
             current.new_path = None
@@ -225,7 +298,7 @@ def _parse_diff(path: Path, lines: list[str], first: int) -> tuple[list[FileChan
         elif line == "-- ":
             break
         i += 1
-    return changes, hunks
+    return changes, hunks, i
 
 
 def parse_patch(path: Path | str) -> Patch:
@@ -236,6 +309,13 @@ def parse_patch(path: Path | str) -> Patch:
     except OSError as exc:
         raise _fail(path, f"cannot read: {exc.strerror}") from None
     lines = text.split("\n")
+    if lines[0].endswith("\r"):
+        raise SeriesError(
+            f"{path}:1: has CRLF (Windows) line endings; git format-patch writes LF, and the "
+            "hunks cannot be read with a CR on every line",
+            hint=f"restore LF endings (dos2unix {path}, or check it out again with "
+            "core.autocrlf=false), or re-export it with scripts/export.sh",
+        )
     if not lines[0].startswith("From "):
         raise _fail(path, "does not start with a 'From <sha> ...' line (not git format-patch)", 1)
     try:
@@ -254,7 +334,7 @@ def parse_patch(path: Path | str) -> Patch:
     if end >= len(lines):
         raise _fail(path, "contains no diff ('diff --git' line)")
     message = "\n".join(lines[blank + 1 : end]).strip("\n")
-    changes, hunks = _parse_diff(path, lines, end)
+    changes, hunks, signature = _parse_diff(path, lines, end)
     if not changes:
         raise _fail(path, "contains no diff ('diff --git' line)")
     return Patch(
@@ -269,6 +349,7 @@ def parse_patch(path: Path | str) -> Patch:
         hunks=hunks,
         changes=changes,
         text=text,
+        signature=signature,
     )
 
 
@@ -298,6 +379,10 @@ def series_problems(patches_dir: Path | str) -> list[tuple[int, str]]:
         entry = line.split("#", 1)[0].strip()
         if not entry:
             continue
+        bad = name_problem(entry)
+        if bad:
+            problems.append((no, f"{entry!r} is not a plain file name in {patches_dir}: {bad}"))
+            continue
         if entry in seen:
             problems.append((no, f"{entry} is listed twice (first on line {seen[entry]})"))
         seen.setdefault(entry, no)
@@ -317,6 +402,8 @@ def load_series(patches_dir: Path | str) -> list[Patch]:
         where = patches_dir / SERIES_FILE
         text = "; ".join(f"{where}:{no}: {p}" if no else f"{where}: {p}" for no, p in problems)
         raise SeriesError(
-            text, hint="list every patches/*.patch exactly once in patches/series, in order"
+            text,
+            hint="list every patches/*.patch exactly once in patches/series, in order, "
+            "by its file name alone",
         )
     return [parse_patch(patches_dir / name) for name in read_series_names(patches_dir)]

@@ -16,7 +16,6 @@ import argparse
 import json
 import os
 import re
-import shutil
 import subprocess
 import sys
 import tempfile
@@ -35,6 +34,7 @@ from fp4series.overlap import (
     load_patch_docs,
     register_overlap,
 )
+from fp4series.paths import inside, remove_tree_inside, safe_name
 
 BRANCH_PREFIX = "nvfp4-marlin/"
 UPSTREAM_REPO = "sgl-project/sglang"
@@ -103,13 +103,26 @@ class SplitResult:
     dep_reasons: dict[str, list[str]] = field(default_factory=dict)
 
 
+def unit_name(doc: PatchDoc) -> str:
+    """The unit a patch belongs to: its Group: or its stem. It names a branch, a directory and
+    a file under the split's out dir, so it must be a plain name (the linter checks it too)."""
+    if doc.group is None:
+        return safe_name(doc.stem, f"{doc.name}: file stem")
+    return safe_name(
+        doc.group,
+        f"{doc.name}: Group:",
+        hint="a Group: value names a branch and a directory: use letters, digits, '.', '_', "
+        "'+' and '-' only",
+    )
+
+
 def plan_units(docs: Sequence[PatchDoc], only: Sequence[str] | None = None) -> list[Unit]:
     """Units in series order with their dependency closure (declared + derived from overlaps)."""
     deps = derived_dependencies(docs)
     order = {d.name: i for i, d in enumerate(docs)}
     groups: dict[str, list[PatchDoc]] = {}
     for d in docs:
-        groups.setdefault(d.group or d.stem, []).append(d)
+        groups.setdefault(unit_name(d), []).append(d)
     units: list[Unit] = []
     for name, members in groups.items():
         member_names = {m.name for m in members}
@@ -226,12 +239,14 @@ def auto_base(unit: Unit, report: Path) -> str:
 
 
 def make_branch(
-    repo: Path, unit: Unit, base_rev: str, worktree: Path, *, three_way: bool
+    repo: Path, unit: Unit, base_rev: str, worktree: Path, *, three_way: bool, owner: Path
 ) -> tuple[bool, str, str]:
-    """(ok, head, error): branch ``unit.branch`` at BASE_REV with the unit's patches via git am."""
-    if worktree.exists():
+    """(ok, head, error): branch ``unit.branch`` at BASE_REV with the unit's patches via git am.
+    WORKTREE is re-created; it must lie inside OWNER (the split's out dir), checked first."""
+    worktree = inside(worktree, owner)
+    if worktree.exists() or worktree.is_symlink():
         _git(repo, "worktree", "remove", "--force", str(worktree), check=False)
-        shutil.rmtree(worktree, ignore_errors=True)
+        remove_tree_inside(worktree, owner)
     _git(repo, "worktree", "prune")
     worktree.parent.mkdir(parents=True, exist_ok=True)
     _git(repo, "worktree", "add", "-q", "-f", "-B", unit.branch, str(worktree), base_rev)
@@ -565,7 +580,9 @@ def split(
             fetch_release=fetch_release,
         )
         wt = out_dir / "worktrees" / unit.name
-        ok, head, err = make_branch(repo, unit, rev, wt, three_way=not label.startswith("pin"))
+        ok, head, err = make_branch(
+            repo, unit, rev, wt, three_way=not label.startswith("pin"), owner=out_dir
+        )
         dep_units: list[str] = []
         dep_reasons: dict[str, list[str]] = {}
         for d in unit.deps:
@@ -582,7 +599,7 @@ def split(
         res.skipped_tests = skip
         if ok and runner is not None and run:
             res.tests = runner(wt, run)
-        body = out_dir / f"{unit.name}.md"
+        body = inside(out_dir / f"{unit.name}.md", out_dir)
         body.write_text(pr_description(res, reports_dir=reports_dir))
         res.description = body
         results.append(res)

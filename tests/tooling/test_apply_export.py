@@ -231,7 +231,10 @@ def test_export_keeps_stems_renumbers_and_drops_stale(env: Env) -> None:
     run_apply(env, co)
     git(co, "rebase", "-q", "--onto", "v0.5.11", "HEAD~1")  # drop patch 1, keep patch 2
     (env.patches / "series").write_text("# the series\n" + (env.patches / "series").read_text())
-    export.export_series(co, env.patches, lock=env.lock, cache_dir=env.cache, progress=quiet())
+    # env.patches is in no git work tree: every change to it needs force
+    export.export_series(
+        co, env.patches, lock=env.lock, cache_dir=env.cache, progress=quiet(), force=True
+    )
     names = sorted(p.name for p in env.patches.iterdir())
     assert names == ["0001-return-two-and-add-new-module.patch", "series"]
     assert (env.patches / "series").read_text() == (

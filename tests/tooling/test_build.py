@@ -383,7 +383,7 @@ def make_series_project(tmp_path: Path) -> tuple[Path, Path]:
         )
     root = tmp_path / "project"
     (root / "patches").mkdir(parents=True)
-    git(co, "format-patch", "-q", "-o", str(root / "patches"), "v0.5.11..HEAD")
+    git(co, "format-patch", "-q", "--full-index", "-o", str(root / "patches"), "v0.5.11..HEAD")
     names = sorted(p.name for p in (root / "patches").glob("*.patch"))
     (root / "patches" / "series").write_text("\n".join(names) + "\n")
     tests = root / "tests" / "sglang"

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 
 import pytest
@@ -10,7 +11,7 @@ from _fakepin import Env, isolate_git, make_env
 from fp4series import cli
 from fp4series.errors import SeriesError
 from fp4series.lint import lint_paths
-from fp4series.series import load_series, parse_patch
+from fp4series.series import ZERO_ID, load_series, parse_patch
 
 P1 = "0001-change-value-ten.patch"
 P2 = "0002-return-two-and-add-new-module.patch"
@@ -50,6 +51,11 @@ def test_parse_patch_fields(env: Env) -> None:
     assert hunk.header.startswith("@@ -27,7 +27,7 @@") and "-value_30 = 30" in hunk.lines
     assert p2.changes[2].old_path is None and p2.changes[2].new_path == "python/sglang/srt/new.py"
     assert p2.text.split("\n")[hunk.line_no - 1] == hunk.header
+    a, b, new = p2.changes
+    assert p2.text.split("\n")[a.line_no - 1].startswith("diff --git a/python/sglang/srt/a.py")
+    assert p2.text.split("\n")[a.line_no] == f"index {a.old_id}..{a.new_id} 100644"
+    assert len(a.old_id) == len(a.new_id) == 40 and a.old_id != a.new_id != ZERO_ID
+    assert new.old_id == ZERO_ID and new.new_id and new.new_id != ZERO_ID
 
 
 @pytest.mark.parametrize(
@@ -60,6 +66,9 @@ def test_parse_patch_fields(env: Env) -> None:
         (lambda t: t.replace("Subject:", "X-Subject:", 1), "no Subject"),
         (lambda t: t.replace("@@ -1,2 +1,2 @@", "@@ -1,x +1,2 @@"), "malformed hunk header"),
         (lambda t: t.replace(" value_27 = 27\n", ""), "line counts|malformed line|truncated"),
+        (lambda t: re.sub(r"(?m)^index .*\n", "", t, count=1), "a.py: file header has no 'index"),
+        (lambda t: re.sub(r"(?m)^(index \w{12})\w{28}", r"\1", t, count=1), "malformed index line"),
+        (lambda t: t.replace("index " + "0" * 40, "index " + "1" * 40), "new.py: index line's old"),
     ],
 )
 def test_corrupt_patches_name_the_file(env: Env, mutate, match: str) -> None:

@@ -13,6 +13,7 @@ import _fakepin as fakepin
 import pytest
 
 from fp4series import split as sp
+from fp4series.errors import SeriesError
 from fp4series.overlap import load_patch_docs
 
 ENV = {**fakepin.IDENTITY, "GIT_AUTHOR_NAME": "Author One", "GIT_AUTHOR_EMAIL": "a@example.com"}
@@ -367,3 +368,35 @@ def test_cli_clones_the_materialized_pin_when_repo_is_missing(
     )
     assert args.func(args) == 0
     assert subjects(fresh, "nvfp4-marlin/other-b") == ["[Quant] Other b"]
+
+
+# --- hostile names: nothing outside the split's out dir is ever removed ----------------------
+
+
+def _canary(where: Path) -> Path:
+    where.mkdir(parents=True)
+    (where / "keep.txt").write_text("the user's\n")
+    return where
+
+
+@pytest.mark.parametrize("value", ["../../canary", "ABS", "sub/dir", ".."])
+def test_group_that_is_not_a_plain_name_is_refused(world: dict[str, Path], value: str) -> None:
+    canary = _canary(world["root"] / "canary")  # what out/worktrees/../../canary resolves to
+    if value == "ABS":
+        value = str(canary)
+    for name in ("0005-grp-one.patch", "0006-grp-two.patch"):
+        path = world["patches"] / name
+        path.write_text(path.read_text().replace("Group: grp", f"Group: {value}"))
+    with pytest.raises(SeriesError, match=r"0005-grp-one\.patch: Group: .* not a plain name"):
+        run_split(world)
+    assert (canary / "keep.txt").read_text() == "the user's\n"
+    assert not (world["root"] / "split" / "worktrees").exists()  # refused before any branch
+
+
+def test_worktrees_link_leading_out_of_the_out_dir_is_refused(world: dict[str, Path]) -> None:
+    outside = _canary(world["root"] / "elsewhere" / "change-a")
+    (world["root"] / "split").mkdir()
+    (world["root"] / "split" / "worktrees").symlink_to(outside.parent)
+    with pytest.raises(SeriesError, match="does not lie inside"):
+        run_split(world)
+    assert (outside / "keep.txt").read_text() == "the user's\n"

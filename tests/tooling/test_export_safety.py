@@ -1,0 +1,124 @@
+"""export never loses what is in patches/: uncommitted edits and untracked files it would
+overwrite or delete are refused (listed) unless --force, a checkout with no series commits is
+refused unless --allow-empty, and a write interrupted half-way leaves each file old or new."""
+
+from __future__ import annotations
+
+import hashlib
+import os
+from pathlib import Path
+
+import pytest
+from _fakepin import Env, git, isolate_git, make_env
+
+from fp4series import cli, export
+from fp4series.errors import SeriesError
+from fp4series.progress import quiet
+
+P1 = "0001-change-value-ten.patch"
+P2 = "0002-return-two-and-add-new-module.patch"
+
+
+@pytest.fixture(autouse=True)
+def _git(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    isolate_git(monkeypatch, tmp_path)
+
+
+@pytest.fixture
+def env(tmp_path: Path) -> Env:
+    """The synthetic project as a git work tree with its exported patches/ committed."""
+    env = make_env(tmp_path)
+    git(env.root, "init", "-q")
+    git(env.root, "add", "patches")
+    git(env.root, "commit", "-qm", "series")
+    return env
+
+
+def snapshot(directory: Path) -> dict[str, str]:
+    return {
+        p.name: hashlib.sha256(p.read_bytes()).hexdigest()
+        for p in sorted(directory.iterdir())
+        if p.is_file()
+    }
+
+
+def run_export(env: Env, checkout: Path, **kw: object) -> list[Path]:
+    return export.export_series(
+        checkout, env.patches, lock=env.lock, cache_dir=env.cache, progress=quiet(), **kw
+    )
+
+
+def test_hand_edit_is_not_overwritten_without_force(env: Env) -> None:
+    (env.patches / P1).write_text((env.patches / P1).read_text() + "a hand edit\n")
+    before = snapshot(env.patches)
+    with pytest.raises(SeriesError, match="nothing was written") as exc:
+        run_export(env, env.root / "authoring")
+    assert f"overwrite {env.patches / P1} (uncommitted changes)" in str(exc.value)
+    assert P2 not in str(exc.value) and "--force" in exc.value.hint
+    assert snapshot(env.patches) == before
+    run_export(env, env.root / "authoring", force=True)
+    assert git(env.root, "status", "--porcelain", "patches") == ""  # back to the export
+
+
+def test_untracked_patch_is_not_deleted_without_force(env: Env) -> None:
+    stray = env.patches / "0003-my-new-work.patch"
+    stray.write_text("not exported yet\n")
+    before = snapshot(env.patches)
+    with pytest.raises(SeriesError, match=r"delete +\S+0003-my-new-work\.patch"):
+        run_export(env, env.root / "authoring")
+    assert snapshot(env.patches) == before
+    run_export(env, env.root / "authoring", force=True)
+    assert not stray.exists()
+
+
+def test_committed_patches_may_be_replaced_and_removed(env: Env) -> None:
+    work = env.clone("shorter")
+    git(work, "fetch", "-q", str(env.root / "authoring"), "work")
+    git(work, "reset", "-q", "--hard", "FETCH_HEAD~1")  # only the first series commit
+    run_export(env, work)  # P2 is committed: git still has it, no --force needed
+    assert sorted(snapshot(env.patches)) == [P1, "series"]
+    status = git(env.root, "status", "--porcelain", "patches").splitlines()
+    assert status == [f" D patches/{P2}", " M patches/series"]
+
+
+def test_export_of_a_bare_pin_is_refused_unless_allow_empty(
+    env: Env, capsys: pytest.CaptureFixture
+) -> None:
+    bare = env.clone("bare")
+    before = snapshot(env.patches)
+    argv = ["export", str(bare), "--patches", str(env.patches), "--lock", str(env.lock.path)]
+    assert cli.main([*argv, "--cache-dir", str(env.cache)]) == 1
+    err = capsys.readouterr().err
+    assert "has no commits on top of the pin" in err and "--allow-empty" in err
+    assert f"delete {env.patches / P1}" in err and f"delete {env.patches / P2}" in err
+    assert snapshot(env.patches) == before
+    assert cli.main([*argv, "--cache-dir", str(env.cache), "--allow-empty"]) == 0
+    assert sorted(snapshot(env.patches)) == ["series"]
+    assert (env.patches / "series").read_text() == ""
+
+
+def test_an_interrupted_export_leaves_each_file_old_or_new(
+    env: Env, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    work = env.root / "authoring"
+    git(work, "commit", "-q", "--amend", "-m", git(work, "log", "-1", "--format=%B") + "More.\n")
+    old = {p.name: p.read_bytes() for p in env.patches.iterdir()}
+    new_dir = tmp_path / "complete"
+    export.export_series(work, new_dir, lock=env.lock, cache_dir=env.cache, progress=quiet())
+    new = {p.name: p.read_bytes() for p in new_dir.iterdir()}
+    assert new[P1] == old[P1] and new[P2] != old[P2]
+    real_replace = os.replace
+    calls: list[str] = []
+
+    def replace_then_die(src: str, dst: str) -> None:
+        calls.append(Path(dst).name)
+        if Path(dst).name == P2:
+            raise KeyboardInterrupt  # killed as it renames P2's new text into place
+        real_replace(src, dst)
+
+    monkeypatch.setattr(export.os, "replace", replace_then_die)
+    with pytest.raises(KeyboardInterrupt):
+        run_export(env, work)
+    assert calls == [P1, P2]
+    now = {p.name: p.read_bytes() for p in env.patches.iterdir()}
+    assert now == old  # P1 rewritten with the same bytes, P2 untouched, no temporary file
