@@ -38,6 +38,7 @@ from jit_hook import tree_hash  # noqa: E402
 from fp4series.errors import SeriesError, run_reporting_errors  # noqa: E402
 
 START = time.time()
+WARM = [sys.executable, str(REPO / "tests" / "gpu" / "_jitenv.py"), "warm"]  # + one module spec
 PROBE = """import json, torch, tvm_ffi, sgl_kernel
 from sglang.srt.layers.quantization.marlin_utils_fp4 import is_fp4_marlin_supported as ok
 print(json.dumps({"cuda": torch.cuda.is_available(), "sgl_kernel": sgl_kernel.__file__,
@@ -160,7 +161,7 @@ def build(host: Host, modules: list[tuple[str, str]], logs: Path, deadline: floa
     for variant, spec in modules:
         key = f"{variant}-{spec.replace(':', '-')}"
         (rc_dir / f"{key}.rc").unlink(missing_ok=True)
-        warm = [sys.executable, str(REPO / "tests" / "gpu" / "_jitenv.py"), "warm", spec]
+        warm = [*WARM, spec]
         logf = (logs / f"build-{key}.log").open("w")
         subprocess.Popen(["sh", "-c", '"$@"; echo $? > "$0"', str(rc_dir / f"{key}.rc"), *warm],
                          env=host.variant_env(variant), cwd=REPO, start_new_session=True,

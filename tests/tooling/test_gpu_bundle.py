@@ -4,8 +4,10 @@ split it into parts, unpack it byte-exact; damaged or missing parts and wheels a
 from __future__ import annotations
 
 import json
+import os
 import random
 import sys
+import time
 import zipfile
 from pathlib import Path
 
@@ -167,3 +169,35 @@ def test_recorded_command_leaves_out_host_directories() -> None:
     assert gpu_proof.recorded_command(argv) == (
         "scripts/gpu-proof.sh --bundle bundle.json --stages numerics"
     )
+
+
+def test_builds_run_in_parallel_and_report_each_exit_status(
+    sources: dict[str, Path], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    fake = "import sys, os\n"
+    fake += "print(os.environ['TVM_FFI_CACHE_DIR']); sys.exit(3 * ('bad' in sys.argv[1]))"
+    monkeypatch.setattr(gpu_proof, "WARM", [sys.executable, "-c", fake])
+    host = gpu_proof.Host(tmp_path / "work", sources["patched"], sources["pin"], None)
+    logs = tmp_path / "logs"
+    logs.mkdir()
+    got = gpu_proof.build(
+        host, [("patched", "good:bf16"), ("compute75", "bad")], logs, float("inf")
+    )
+    assert got == {("patched", "good:bf16"): 0, ("compute75", "bad"): 3}
+    assert (logs / "build-compute75-bad.log").read_text().strip().endswith("cache/compute75")
+
+
+def test_a_stage_stopped_at_the_deadline_still_delivers_its_report(tmp_path: Path) -> None:
+    script = tmp_path / "stage.py"
+    script.write_text(
+        "import sys, time, pathlib\n"
+        "try:\n    time.sleep(60)\nexcept KeyboardInterrupt:\n"
+        "    pathlib.Path(sys.argv[1], 'r.json').write_text('{}')\n    sys.exit(2)\n"
+    )
+    stage = stages.Stage("s", (str(script), "{report_dir}"), ("r.json", "absent.json"), ())
+    env = dict(os.environ, FP4SERIES_REPORT_DIR=str(tmp_path / "reports"))
+    logs = tmp_path / "logs"
+    logs.mkdir()
+    rc = gpu_proof.run_stage(stage, env, tmp_path / "out", logs, time.time() + 1)
+    assert rc == 2
+    assert sorted(p.name for p in (tmp_path / "out").iterdir()) == ["r.json"]
