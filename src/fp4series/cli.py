@@ -23,6 +23,7 @@ COMMAND_MODULES = (
     "fp4series.rebase_check",  # rebase-check
     "fp4series.split",  # split, overlap
     "fp4series.report",  # check-reports
+    "fp4series.readme",  # readme [--check]
 )
 
 
