@@ -19,7 +19,6 @@ The manifest records the sha256 of every part, of the whole archive and of every
 from __future__ import annotations
 
 import argparse
-import hashlib
 import json
 import os
 import re
@@ -156,6 +155,31 @@ def _sgl_kernel(cache: Path, ops: str, offline: bool) -> list[tuple[Path, str]]:
     return [(p, f"sgl/{n}") for p, n in _files(subset, "sgl_kernel")]
 
 
+def unpatched_tree(patched: Path, pin: Path, work: Path) -> Path:
+    """The patched tree with the pin's jit_kernel CUDA/C++ sources (hard links, made once)."""
+    kp, kpin = patched / "sglang" / "jit_kernel", pin / "sglang" / "jit_kernel"
+    dest = work / f"unpatched-{tree_hash(kp)[:12]}-{tree_hash(kpin)[:12]}"
+    if (dest / ".done").is_file():
+        return dest
+    shutil.rmtree(dest, ignore_errors=True)
+
+    def link(src: str, dst: str) -> None:
+        try:
+            os.link(src, dst)
+        except OSError:  # another filesystem
+            shutil.copy2(src, dst)
+
+    shutil.copytree(patched / "sglang", dest / "sglang", copy_function=link)
+    for p in kpin.rglob("*"):
+        if p.is_file() and p.suffix != ".py" and "__pycache__" not in p.parts:
+            target = dest / p.relative_to(pin)
+            target.unlink(missing_ok=True)  # never write through a link into the patched tree
+            target.parent.mkdir(parents=True, exist_ok=True)
+            shutil.copy2(p, target)
+    (dest / ".done").write_text("")
+    return dest
+
+
 def _prebuild(arch: str, variants: dict[str, Path], wanted: list[tuple[str, str]], cache: Path,
               jobs: int, staging: Path) -> list[tuple[Path, str]]:  # fmt: skip
     """Build the stages' JIT modules here (no GPU needed), cached by tree hash and arch."""
@@ -224,8 +248,8 @@ def write(members: list[tuple[Path, str]], out: Path, name: str, part_size: int 
                 "parts": [{"file": p.name, "sha256": sha256_file(p), "size": p.stat().st_size}
                           for p in parts]}  # fmt: skip
     (out / f"{name}.json").write_text(json.dumps(manifest, indent=1) + "\n")
-    if _joined_sha256(out, manifest) != payload:  # read back what was written
-        raise SeriesError(f"{out}: the parts do not reassemble to the archive", hint="re-run")
+    _join(out, manifest, out / f".{name}.joined")  # read back what was written
+    (out / f".{name}.joined").unlink()
     return manifest
 
 
@@ -257,12 +281,7 @@ def make(args: argparse.Namespace) -> int:
         else:
             print(f"[make-bundle] warning: {lib} not found here; not bundled", file=sys.stderr)
     if args.prebuild:
-        unpatched = staging / "unpatched"
-        shutil.copytree(patched / "sglang", unpatched / "sglang", symlinks=True)
-        for p, n in _files(pin, "sglang/jit_kernel"):
-            if p.suffix != ".py":
-                (unpatched / n).parent.mkdir(parents=True, exist_ok=True)
-                shutil.copy2(p, unpatched / n)
+        unpatched = unpatched_tree(patched, pin, staging)
         variants = {"patched": patched, "unpatched": unpatched, "compute75": patched}
         wanted = [m for s in stages.select(args.stages) for m in s.modules]
         (staging / "prebuilt").mkdir()
@@ -304,38 +323,21 @@ def _manifest_path(bundle: Path) -> Path:
     return found[0]
 
 
-def _joined_sha256(folder: Path, manifest: dict) -> str:
-    h = hashlib.sha256()
-    for part in manifest["parts"]:
-        path = folder / part["file"]
-        if not path.is_file():
-            raise SeriesError(f"bundle part {path} is missing", hint="copy every part over")
-        if sha256_file(path) != part["sha256"]:
-            raise SeriesError(f"bundle part {path}: sha256 differs from the manifest",
-                              hint="copy it again; the bundle was damaged on the way")  # fmt: skip
-        with path.open("rb") as fh:
-            for chunk in iter(lambda: fh.read(1 << 20), b""):
-                h.update(chunk)
-    return h.hexdigest()
-
-
-class _Joined:
-    """The parts read as one stream (tarfile reads the archive straight from them)."""
-
-    def __init__(self, paths: list[Path]) -> None:
-        self.paths, self.fh = list(paths), None
-
-    def read(self, n: int = -1) -> bytes:
-        data = b""
-        while (n < 0 or len(data) < n) and (self.fh or self.paths):
-            if self.fh is None:
-                self.fh = self.paths.pop(0).open("rb")
-            chunk = self.fh.read(-1 if n < 0 else n - len(data))
-            if not chunk:
-                self.fh.close()
-                self.fh = None
-            data += chunk
-        return data
+def _join(folder: Path, manifest: dict, dest: Path) -> None:
+    """Check every part, join them into DEST and check the whole archive's sha256."""
+    with dest.open("wb") as out:
+        for part in manifest["parts"]:
+            path = folder / part["file"]
+            if not path.is_file():
+                raise SeriesError(f"bundle part {path} is missing", hint="copy every part over")
+            if sha256_file(path) != part["sha256"]:
+                raise SeriesError(f"bundle part {path}: sha256 differs from the manifest",
+                                  hint="copy it again; it was damaged on the way")  # fmt: skip
+            with path.open("rb") as fh:
+                shutil.copyfileobj(fh, out)
+    if sha256_file(dest) != manifest["payload_sha256"]:
+        raise SeriesError(f"{folder}: the parts do not join to the archive the manifest names",
+                          hint="copy every part of one make-bundle run")  # fmt: skip
 
 
 def _unzip_wheel(wheel: Path, site: Path) -> None:
@@ -359,15 +361,13 @@ def unpack(bundle: Path, work: Path) -> tuple[Path, dict]:
     root = work / f"bundle-{manifest['payload_sha256'][:16]}"
     if (root / ".unpacked").is_file():
         return root, manifest
-    if _joined_sha256(mpath.parent, manifest) != manifest["payload_sha256"]:
-        raise SeriesError(f"{mpath.parent}: the parts do not join to the archive it describes",
-                          hint="copy every part of one make-bundle run")  # fmt: skip
     tmp = work / f".{root.name}.tmp"
     shutil.rmtree(tmp, ignore_errors=True)
     tmp.mkdir(parents=True)
-    stream = _Joined([mpath.parent / p["file"] for p in manifest["parts"]])
-    with tarfile.open(fileobj=stream, mode="r|xz") as tar:  # type: ignore[call-overload]
+    _join(mpath.parent, manifest, tmp / "bundle.tar.xz")
+    with tarfile.open(tmp / "bundle.tar.xz") as tar:
         tar.extractall(tmp, filter="fully_trusted")
+    (tmp / "bundle.tar.xz").unlink()
     bad = [n for n, h in manifest["files"].items() if sha256_file(tmp / n) != h]
     if bad:
         raise SeriesError(f"{len(bad)} unpacked file(s) differ from the manifest: {bad[:3]}",

@@ -33,7 +33,6 @@ sys.path.insert(0, str(REPO / "src"))
 
 import bundle as bundle_mod  # noqa: E402
 import stages as stage_table  # noqa: E402
-from jit_hook import tree_hash  # noqa: E402
 
 from fp4series.errors import SeriesError, run_reporting_errors  # noqa: E402
 
@@ -56,7 +55,7 @@ class Host:
 
     def __init__(self, work: Path, patched: Path, pin: Path, upstream: Path | None) -> None:
         self.work, self.patched, self.upstream = work, patched, upstream
-        self.unpatched = _unpatched(patched, pin, work)
+        self.unpatched = bundle_mod.unpatched_tree(patched, pin, work)
         self.paths: list[str] = []  # sgl_kernel and the bundled wheels, when bundled
         self.upstream_paths: list[str] = []
         self.env: dict[str, str] = {}
@@ -79,31 +78,6 @@ class Host:
         if variant == "compute75":
             env["FP4SERIES_FORCE_ARCH"] = "compute_75"
         return env
-
-
-def _unpatched(patched: Path, pin: Path, work: Path) -> Path:
-    """The patched tree with the pin's jit_kernel CUDA/C++ sources (hard links, made once)."""
-    kp, kpin = patched / "sglang" / "jit_kernel", pin / "sglang" / "jit_kernel"
-    dest = work / f"unpatched-{tree_hash(kp)[:12]}-{tree_hash(kpin)[:12]}"
-    if (dest / ".done").is_file():
-        return dest
-    shutil.rmtree(dest, ignore_errors=True)
-
-    def link(src: str, dst: str) -> None:
-        try:
-            os.link(src, dst)
-        except OSError:  # another filesystem
-            shutil.copy2(src, dst)
-
-    shutil.copytree(patched / "sglang", dest / "sglang", copy_function=link)
-    for p in kpin.rglob("*"):
-        if p.is_file() and p.suffix != ".py" and "__pycache__" not in p.parts:
-            target = dest / p.relative_to(pin)
-            target.unlink(missing_ok=True)  # never write through a link into the patched tree
-            target.parent.mkdir(parents=True, exist_ok=True)
-            shutil.copy2(p, target)
-    (dest / ".done").write_text("")
-    return dest
 
 
 def local_host(args: argparse.Namespace) -> Host:

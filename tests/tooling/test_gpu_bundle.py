@@ -140,7 +140,7 @@ def test_includes_land_under_extra(sources: dict[str, Path], tmp_path: Path) -> 
 def test_unpatched_tree_has_pin_sources_and_leaves_the_patched_tree(
     sources: dict[str, Path], tmp_path: Path
 ) -> None:
-    dest = gpu_proof._unpatched(sources["patched"], sources["pin"], tmp_path / "work")
+    dest = bundle.unpatched_tree(sources["patched"], sources["pin"], tmp_path / "work")
     kernel = "sglang/jit_kernel/csrc/marlin.cuh"
     assert (dest / kernel).read_text() == "pin body"
     assert (sources["patched"] / kernel).read_text() == "patched body"

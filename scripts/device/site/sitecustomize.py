@@ -1,8 +1,5 @@
-"""GPU proof runs: serve SGLang JIT modules through scripts/device/jit_hook.py.
-
-gpu_proof.py puts this directory first on PYTHONPATH; it does nothing unless
-FP4SERIES_PREBUILT_DIR or FP4SERIES_ACT_FALLBACK is set.
-"""
+"""GPU proof runs (first on PYTHONPATH): SGLang's JIT loader through ../jit_hook.py, when
+FP4SERIES_PREBUILT_DIR or FP4SERIES_ACT_FALLBACK is set."""
 
 import os
 import sys
