@@ -8,6 +8,5 @@
 # scripts/make-bundle.sh) only python, torch, triton, pytest, nvcc and ninja.
 # --help lists every option; scripts/device/gpu_proof.py says how it works.
 set -euo pipefail
-cd "$(dirname "$0")/.."
 export PYTHONUNBUFFERED=1
-exec "${PYTHON:-python3}" scripts/device/gpu_proof.py "$@"
+exec "${PYTHON:-python3}" "$(dirname "$0")/device/gpu_proof.py" "$@"

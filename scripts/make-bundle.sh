@@ -6,7 +6,7 @@
 # Needs the trees of `python -m fp4series prepare-checkout` (scripts/main.sh makes them) and
 # PyPI (or --offline with the wheels in .work/cache/bundle). --help lists every option.
 set -euo pipefail
-cd "$(dirname "$0")/.."
+ROOT="$(cd "$(dirname "$0")/.." && pwd)"
 PY="${PYTHON:-python3}"
-[ -x .work/venv/bin/python ] && PY=.work/venv/bin/python
-exec "$PY" scripts/device/bundle.py "$@"
+[ -x "$ROOT/.work/venv/bin/python" ] && PY="$ROOT/.work/venv/bin/python"
+exec "$PY" "$ROOT/scripts/device/bundle.py" "$@"

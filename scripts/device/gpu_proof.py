@@ -257,11 +257,14 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--patched-tree", type=Path, default=REPO / ".work" / "checkout" / "python")
     p.add_argument("--pin-tree", type=Path, help="default .work/upstream/<pin tag>/python")
     p.add_argument("--upstream-tree", type=Path, help="upstream 0.5.23's python dir (benchmark)")
-    p.add_argument("--deadline", type=float, help="seconds after which the running stage stops")
+    p.add_argument("--deadline", type=float, metavar="S",
+                   help="stop at S s: builds go on detached, the stage gets SIGINT")  # fmt: skip
     p.add_argument("--build-only", action="store_true", help="build the modules, run no stage")
     args = p.parse_args(argv)
     args.argv = argv
-    args.work = args.work.resolve()
+    for name in ("work", "out", "logs", "bundle"):  # the stages run from the repository root
+        if getattr(args, name) is not None:
+            setattr(args, name, getattr(args, name).resolve())
     try:
         stage_table.select(args.stages)
     except ValueError as exc:
