@@ -7,8 +7,8 @@ archive holds:
   trees/pin/sglang/...    the pin's jit_kernel CUDA/C++ sources (the repro's unpatched templates)
   trees/upstream/sglang   with --with-upstream: the part of that release the benchmark compares
   sgl/sgl_kernel/         the pin's sglang-kernel: its python files and one common_ops build
-  wheels/, wheels-upstream/  wheels the GPU host lacks, for its python (scripts/device/
-                          gpu-host-wheels.txt; apache-tvm-ffi as the upstream release pins it)
+  wheels/, wheels-upstream/  wheels the GPU host lacks, for its python (requirements/
+                          gpu-host.txt; apache-tvm-ffi as the upstream release pins it)
   lib/                    shared libraries sgl_kernel links and the host may lack (libnuma)
   prebuilt/               with --prebuild ARCH: JIT modules built here + manifest.json
   extra/                  files given with --include
@@ -393,7 +393,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--stages", default=",".join(stages.DEFAULT_STAGES),
                    help="stages whose modules --prebuild builds")  # fmt: skip
     p.add_argument("--jobs", type=int, default=2, help="parallel prebuilds (default 2)")
-    p.add_argument("--wheels", type=Path, default=HERE / "gpu-host-wheels.txt")
+    p.add_argument("--wheels", type=Path, default=REPO / "requirements" / "gpu-host.txt")
     p.add_argument("--python-version", default="3.12", help="the GPU host's python")
     p.add_argument("--platform", action="append", help="wheel platform tags for the GPU host "
                    "(repeatable; default manylinux_2_28/2014 x86_64 and any)")  # fmt: skip
