@@ -30,8 +30,9 @@ from pathlib import Path
 from fp4series import compile_check
 from fp4series.digest import sha256_file
 from fp4series.errors import SeriesError, run_reporting_errors
+from fp4series.paths import project_root
+from fp4series.workspace import PIN_TAG, pin_release, resolve_base, venv_python
 
-PIN_TAG = "v0.5.11"  # fallback when upstream.lock cannot be read
 PIN_WHEEL = "sglang-0.5.11-cp311-cp311-manylinux_2_34_x86_64.whl"
 #: Offline copies that may hold the pinned wheel before the cache does (team machines).
 EXTRA_WHEEL_DIRS = (Path("/work/wt/wheels"),)
@@ -39,16 +40,6 @@ LOCAL_VERSION_PREFIX = "nvfp4marlin"
 REQUIREMENT_FILES = ("requirements/cpu-test.txt", "requirements/constraints.txt")
 VENV_STAMP = ".fp4series-requirements.sha256"
 WHEEL_STAMP = ".fp4series-wheel.sha256"
-
-
-def project_root() -> Path:
-    """The repository root (tooling-core's ``paths`` when present, else from this file)."""
-    try:
-        from fp4series.paths import project_root as _root
-
-        return _root()
-    except ImportError:  # pragma: no cover - before paths.py existed
-        return Path(__file__).resolve().parents[2]
 
 
 def work_dir() -> Path:
@@ -112,16 +103,9 @@ def write_stamp(stamp: Path, key: str) -> None:
 # ------------------------------------------------------------------------------ pinned wheel
 
 
-def _pin_release() -> object:
-    """The pin's ``Release`` from upstream.lock (tooling-core's lock module)."""
-    from fp4series import lock, paths
-
-    return lock.load_lock(paths.default_lock_path()).pin
-
-
 def seed_wheel_cache(cache: Path) -> None:
     """Copy the pinned wheel from a local offline copy into the cache (sha256 checked later)."""
-    name = str(getattr(_pin_release(), "wheel_filename", PIN_WHEEL))
+    name = str(getattr(pin_release(), "wheel_filename", PIN_WHEEL))
     cached = cache / "wheels" / name
     if cached.is_file():
         return
@@ -142,7 +126,7 @@ def pinned_wheel(cache_dir: Path | None = None) -> Path:
 
     cache = cache_dir or work_dir() / "cache"
     seed_wheel_cache(cache)
-    return Path(upstream.fetch_wheel(_pin_release(), cache))  # type: ignore[arg-type]
+    return Path(upstream.fetch_wheel(pin_release(), cache))  # type: ignore[arg-type]
 
 
 def read_record(unpacked: Path) -> dict[str, str]:
@@ -249,21 +233,6 @@ def _run(cmd: Sequence[str], what: str) -> subprocess.CompletedProcess[str]:
 # ------------------------------------------------------------------------- checkout -> changes
 
 
-def resolve_base(checkout: Path, base: str | None) -> str:
-    """Commit SHA of the pin inside the checkout (``--base``, else the pin's tag)."""
-    import git
-
-    repo = git.Repo(checkout)
-    rev = base or str(getattr(_pin_release(), "tag", PIN_TAG))
-    try:
-        return repo.commit(rev).hexsha
-    except (git.BadName, ValueError) as exc:
-        raise SeriesError(
-            f"{checkout} has no {rev!r} to build against",
-            hint=f"fetch the tag {PIN_TAG} into the checkout or pass --base <commit of the pin>",
-        ) from exc
-
-
 def checkout_changes(checkout: Path, base: str) -> tuple[dict[str, bytes | None], dict[str, str]]:
     """Changed ``python/sglang`` files between ``base`` and HEAD, as wheel-relative changes.
 
@@ -311,10 +280,6 @@ def local_version_for(checkout: Path, base: str) -> str:
 
 
 # ------------------------------------------------------------------------------------- venv
-
-
-def venv_python(venv: Path) -> Path:
-    return venv / "bin" / "python"
 
 
 def venv_site_packages(venv: Path) -> Path:
@@ -622,9 +587,6 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     v = subparsers.add_parser("venv", help="create/refresh .work/venv from requirements/")
     v.add_argument("--python", help="interpreter for a new venv (default: this one)")
     v.set_defaults(func=_cmd_venv)
-    from fp4series import prefix
-
-    prefix.register(subparsers)
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -18,10 +18,12 @@ COMMAND_MODULES = (
     "fp4series.apply",  # apply [--check]
     "fp4series.export",  # export
     "fp4series.lint",  # lint (patch linter, pre-commit hook)
-    "fp4series.build",  # build
+    "fp4series.build",  # build, venv
+    "fp4series.prefix",  # test, test-prefixes
     "fp4series.rebase_check",  # rebase-check
     "fp4series.split",  # split, overlap
     "fp4series.report",  # check-reports
+    "fp4series.readme",  # readme [--check]
 )
 
 

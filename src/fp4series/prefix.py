@@ -269,7 +269,7 @@ def run_all(root: Path, python: Path, checkout: Path, pytest_args: list[str]) ->
     if os.environ.get("FP4SERIES_SKIP_PREFIXES") == "1":
         print("[test] prefixes: skipped (FP4SERIES_SKIP_PREFIXES=1)", flush=True)
     else:
-        from fp4series.build import resolve_base
+        from fp4series.workspace import resolve_base
 
         if not (checkout / ".git").exists():
             raise SeriesError(f"{checkout} is not a git checkout", hint="run scripts/main.sh first")
@@ -285,7 +285,8 @@ def run_all(root: Path, python: Path, checkout: Path, pytest_args: list[str]) ->
 
 
 def _paths(args: argparse.Namespace) -> tuple[Path, Path, Path]:
-    from fp4series.build import project_root, venv_python
+    from fp4series.paths import project_root
+    from fp4series.workspace import venv_python
 
     root = project_root()
     checkout = Path(args.checkout or root / ".work" / "checkout").resolve()
@@ -296,7 +297,7 @@ def _paths(args: argparse.Namespace) -> tuple[Path, Path, Path]:
 
 
 def _cmd_prefixes(args: argparse.Namespace) -> int:
-    from fp4series.build import resolve_base
+    from fp4series.workspace import resolve_base
 
     root, checkout, python = _paths(args)
     if not (checkout / ".git").exists():

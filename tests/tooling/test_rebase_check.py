@@ -16,6 +16,11 @@ import pytest
 from fp4series import rebase_check as rc
 from fp4series.errors import SeriesError
 from fp4series.overlap import load_patch, load_patch_docs
+from fp4series.rebase.matrix import Matrix, Target, run_matrix
+from fp4series.rebase.policy import apply_policy, load_baseline
+from fp4series.rebase.render import to_markdown
+from fp4series.rebase.repo import JudgeRepo
+from fp4series.rebase.verdict import PatchResult, Verdict
 
 ENV = {**fakepin.IDENTITY, **fakepin.FIXED_DATES}
 
@@ -44,7 +49,7 @@ def write_tree(repo: Path, files: dict[str, str]) -> None:
         f.write_text(text)
 
 
-def make_release(root: Path, version: str, files: dict[str, str]) -> rc.Target:
+def make_release(root: Path, version: str, files: dict[str, str]) -> Target:
     """A one-commit repo tagged v<version>, like upstream.materialize builds."""
     repo = root / f"rel-{version}"
     repo.mkdir(parents=True)
@@ -53,7 +58,7 @@ def make_release(root: Path, version: str, files: dict[str, str]) -> rc.Target:
     git(repo, "add", "-A")
     git(repo, "commit", "-qm", f"sglang {version}")
     git(repo, "tag", f"v{version}")
-    return rc.Target(version, repo, f"v{version}")
+    return Target(version, repo, f"v{version}")
 
 
 def edit(text: str, old: str, new: str) -> str:
@@ -93,11 +98,11 @@ def make_patch(
     return target
 
 
-def judge_one(tmp_path: Path, patch: Path, release_files: dict[str, str]) -> rc.Verdict:
+def judge_one(tmp_path: Path, patch: Path, release_files: dict[str, str]) -> Verdict:
     pin = make_release(tmp_path, "0.0.1", PIN)
     target = make_release(tmp_path, "0.0.2", release_files)
-    repo = rc.JudgeRepo(tmp_path / "judge")
-    m = rc.run_matrix(repo, [load_patch(patch)], pin, [target], log=lambda s: None)
+    repo = JudgeRepo(tmp_path / "judge")
+    m = run_matrix(repo, [load_patch(patch)], pin, [target], log=lambda s: None)
     return m.results["0.0.2"][patch.name].verdict
 
 
@@ -298,7 +303,7 @@ def test_series_order_and_alone(tmp_path: Path) -> None:
         {**PIN, "python/pkg/a.py": edit(A_PY, "value_20 = 20\n", "value_20 = 7\n")},
     )
     lines: list[str] = []
-    m = rc.run_matrix(rc.JudgeRepo(tmp_path / "j"), docs, pin, [same, broken], log=lines.append)
+    m = run_matrix(JudgeRepo(tmp_path / "j"), docs, pin, [same, broken], log=lines.append)
     r2 = m.results["0.0.2"]
     assert r2["0001-a.patch"].verdict.verdict == "clean"
     assert r2["0002-b.patch"].verdict.verdict == "clean"
@@ -376,7 +381,7 @@ def test_files_of_a_failed_prerequisite_are_not_judged_not_deleted(tmp_path: Pat
         ),
         make_release(tmp_path, "0.0.5", {"python/pkg/b.py": b_up}),  # a.py really deleted
     ]
-    m = rc.run_matrix(rc.JudgeRepo(tmp_path / "j"), docs, pin, rels, log=lambda s: None)
+    m = run_matrix(JudgeRepo(tmp_path / "j"), docs, pin, rels, log=lambda s: None)
     # 0.0.2: C applied, M did not: L is judged on release + C, in full, and applies
     r = m.results["0.0.2"][low]
     assert (r.verdict.verdict, r.judged, r.failed_prerequisites) == (
@@ -428,7 +433,7 @@ def test_files_of_a_failed_prerequisite_are_not_judged_not_deleted(tmp_path: Pat
         "0.0.4": "conflict",
         "0.0.5": "deleted",
     }
-    md = rc.to_markdown(m, "report", 0, [])
+    md = to_markdown(m, "report", 0, [])
     row = next(ln for ln in md.splitlines() if ln.startswith(f"| {low} |"))
     cells = [c.strip().split("[")[0] for c in row.strip("|").split("|")[1:]]
     assert cells == ["C", "C", "X", "D"]
@@ -436,40 +441,40 @@ def test_files_of_a_failed_prerequisite_are_not_judged_not_deleted(tmp_path: Pat
     assert "prerequisites not applied: 0001-c.patch, 0002-m.patch" in md
 
 
-def _matrix_with(verdicts: dict[str, dict[str, str]]) -> rc.Matrix:
+def _matrix_with(verdicts: dict[str, dict[str, str]]) -> Matrix:
     releases = list(next(iter(verdicts.values())))
     results = {
         r: {
-            p: rc.PatchResult(rc.Verdict(v[r], evidence="e"), rc.Verdict(v[r]), None, "alone", [])
+            p: PatchResult(Verdict(v[r], evidence="e"), Verdict(v[r]), None, "alone", [])
             for p, v in verdicts.items()
         }
         for r in releases
     }
-    return rc.Matrix(releases, list(verdicts), results, {}, {}, "0.0.1")
+    return Matrix(releases, list(verdicts), results, {}, {}, "0.0.1")
 
 
 def test_policy_exit_codes() -> None:
     m = _matrix_with(
         {"p1": {"1": "conflict", "2": "upstream"}, "p2": {"1": "clean", "2": "offset"}}
     )
-    assert rc.apply_policy(m, "newest")[0] == 0  # conflict only on an older release
-    status, why = rc.apply_policy(m, "any")
+    assert apply_policy(m, "newest")[0] == 0  # conflict only on an older release
+    status, why = apply_policy(m, "any")
     assert status == 1 and why == ["p1 on 1: conflict: e"]
-    assert rc.apply_policy(m, "report") == (0, [])
+    assert apply_policy(m, "report") == (0, [])
     m2 = _matrix_with({"p1": {"1": "clean", "2": "deleted"}, "p2": {"1": "clean", "2": "clean"}})
-    assert rc.apply_policy(m2, "newest")[0] == 1
-    assert rc.apply_policy(m2, "report")[0] == 0
+    assert apply_policy(m2, "newest")[0] == 1
+    assert apply_policy(m2, "report")[0] == 0
     m3 = _matrix_with({"p1": {"1": "clean", "2": "partly-upstream"}})
-    assert rc.apply_policy(m3, "newest")[0] == 0  # a warning, not a failure
+    assert apply_policy(m3, "newest")[0] == 0  # a warning, not a failure
     moved = _matrix_with({"p1": {"1": "clean", "2": "moved"}})
     moved.results["2"]["p1"].verdict.moved_verdict = "conflict"
-    assert rc.apply_policy(moved, "newest")[0] == 1
+    assert apply_policy(moved, "newest")[0] == 1
     unchecked = _matrix_with({"p1": {"1": "clean", "2": "clean"}})
     del unchecked.results["2"]
     unchecked.errors["2"] = "wheel not found"
-    assert rc.apply_policy(unchecked, "newest")[0] == 1
+    assert apply_policy(unchecked, "newest")[0] == 1
     with pytest.raises(Exception, match="unknown policy"):
-        rc.apply_policy(m, "lenient")
+        apply_policy(m, "lenient")
 
 
 def test_policy_baseline() -> None:
@@ -478,12 +483,12 @@ def test_policy_baseline() -> None:
     m.results["2"]["p2"].verdict.moved_to = {"old/k.h": "new/k.h"}
     base = json.loads(json.dumps(m.to_json("report", 0, [])))
     # honest conflicts already in the committed matrix do not fail CI
-    assert rc.apply_policy(m, "baseline", base) == (0, [])
-    assert rc.apply_policy(m, "newest")[0] == 1
+    assert apply_policy(m, "baseline", base) == (0, [])
+    assert apply_policy(m, "newest")[0] == 1
     # a patch edited / an upstream re-release: each changed cell, old -> new
     m.results["1"]["p2"].verdict.verdict = "conflict"
     m.results["2"]["p2"].verdict.moved_verdict = "conflict"  # moved->P became moved->X
-    status, why = rc.apply_policy(m, "baseline", base)
+    status, why = apply_policy(m, "baseline", base)
     assert status == 1
     assert why == [
         "p2 on 1: clean -> conflict",
@@ -500,36 +505,36 @@ def test_policy_baseline() -> None:
     m2.results["2"]["p2"].verdict.moved_to = {"old/k.h": "new/k.h"}
     del m2.results["3"]
     m2.errors["3"] = "wheel not found"
-    status, why = rc.apply_policy(m2, "baseline", base)
+    status, why = apply_policy(m2, "baseline", base)
     assert status == 1
     assert why == [
         "p1 on 3: (release not in matrix) -> (not checked)",
         "p2 on 3: (release not in matrix) -> (not checked)",
     ]
     with pytest.raises(Exception, match="needs the committed matrix"):
-        rc.apply_policy(m, "baseline")
+        apply_policy(m, "baseline")
 
 
 def test_load_baseline_refuses_missing_or_other_series(tmp_path: Path) -> None:
     path = tmp_path / "rebase-check.json"
     with pytest.raises(SeriesError, match="does not exist") as exc:
-        rc.load_baseline(path, ["0001-a.patch"], "REGEN")
+        load_baseline(path, ["0001-a.patch"], "REGEN")
     assert "REGEN" in exc.value.hint and exc.value.exit_code == 1
     path.write_text("{not json")
     with pytest.raises(SeriesError, match="not readable JSON"):
-        rc.load_baseline(path, ["0001-a.patch"], "REGEN")
+        load_baseline(path, ["0001-a.patch"], "REGEN")
     path.write_text(json.dumps({"releases": ["1"], "patches": ["0001-a.patch"]}))
     with pytest.raises(SeriesError, match="lacks"):
-        rc.load_baseline(path, ["0001-a.patch"], "REGEN")
+        load_baseline(path, ["0001-a.patch"], "REGEN")
     base = {"releases": ["1"], "patches": ["0001-a.patch"], "verdicts": {}}
     path.write_text(json.dumps(base))
     with pytest.raises(SeriesError, match=r"another series .*-0001-a.patch, \+0001-b.patch"):
-        rc.load_baseline(path, ["0001-b.patch"], "REGEN")
+        load_baseline(path, ["0001-b.patch"], "REGEN")
     with pytest.raises(SeriesError, match="same patches, other order"):
         path.write_text(json.dumps({**base, "patches": ["0002-b.patch", "0001-a.patch"]}))
-        rc.load_baseline(path, ["0001-a.patch", "0002-b.patch"], "REGEN")
+        load_baseline(path, ["0001-a.patch", "0002-b.patch"], "REGEN")
     path.write_text(json.dumps(base))
-    assert rc.load_baseline(path, ["0001-a.patch"])["releases"] == ["1"]
+    assert load_baseline(path, ["0001-a.patch"])["releases"] == ["1"]
 
 
 def test_json_and_markdown(tmp_path: Path) -> None:
@@ -541,14 +546,14 @@ def test_json_and_markdown(tmp_path: Path) -> None:
         "0.0.3",
         {**PIN, "python/pkg/a.py": edit(A_PY, "value_20 = 20\n", "value_20 = 9\n")},
     )
-    m = rc.run_matrix(
-        rc.JudgeRepo(tmp_path / "j"),
+    m = run_matrix(
+        JudgeRepo(tmp_path / "j"),
         [load_patch(patch)],
         pin,
         [ok, bad, ("0.0.4", "fetch failed: no such wheel")],
         log=lambda s: None,
     )
-    status, failures = rc.apply_policy(m, "any")
+    status, failures = apply_policy(m, "any")
     data = json.loads(json.dumps(m.to_json("any", status, failures)))
     assert data["releases"] == ["0.0.2", "0.0.3", "0.0.4"]
     assert data["patches"] == ["0001-a.patch"]
@@ -556,7 +561,7 @@ def test_json_and_markdown(tmp_path: Path) -> None:
     assert data["details"]["0001-a.patch"]["0.0.3"]["conflicts"][0]["file"] == "python/pkg/a.py"
     assert data["errors"] == {"0.0.4": "fetch failed: no such wheel"}
     assert status == 1
-    md = rc.to_markdown(m, "any", status, failures)
+    md = to_markdown(m, "any", status, failures)
     assert "| 0001-a.patch | C | X[1] | ! |" in md
     assert "[1] 0001-a.patch: does not apply: pkg/a.py hunk #1 (first: `@@ -17,7 +17,7 @@" in md
     assert "Policy `any`: exit status 1." in md

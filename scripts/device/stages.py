@@ -1,0 +1,75 @@
+"""The GPU proof's stages: what each runs, which JIT modules it needs, which reports it writes.
+
+Adding a stage is one entry in STAGES. ``command`` runs with this interpreter from the
+repository root; ``{report_dir}`` in it is the stage's own report directory (conftest and the
+benchmark also read FP4SERIES_REPORT_DIR). After the stage, the files named in ``reports`` are
+copied from there into ``--out``. ``modules`` are (variant, spec) pairs built before any stage
+starts (specs as tests/gpu/_jitenv.py's ``warm`` takes them); a variant is a python tree plus
+build settings:
+  patched    the patched tree
+  unpatched  the patched tree with the pin's jit_kernel CUDA sources (the repro of patches 1-2)
+  compute75  the patched tree, every module built as compute_75 PTX only (the SM75 path)
+  upstream   upstream 0.5.23's tree (the benchmark's comparison column; only when given)
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+PYTEST = ("-m", "pytest", "-q", "-rA", "-p", "no:cacheprovider")
+
+
+@dataclass(frozen=True)
+class Stage:
+    name: str
+    command: tuple[str, ...]
+    reports: tuple[str, ...]
+    modules: tuple[tuple[str, str], ...]
+    env: dict[str, str] = field(default_factory=dict)
+
+
+def _modules(**variants: str) -> tuple[tuple[str, str], ...]:
+    """``_modules(patched="repack act:bf16")``: (("patched", "repack"), ("patched", "act:bf16"))."""
+    return tuple((v, spec) for v, specs in variants.items() for spec in specs.split())
+
+
+NUMERICS_TESTS = ("tests/gpu/test_marlin_numerics.py", "tests/gpu/test_tracing.py",
+                  "tests/gpu/test_kernel_repro.py::test_unpatched_templates_fail")  # fmt: skip
+MARLIN = "gptq_marlin:{0} moe_wna16_marlin:{0} repack act:{0}"
+
+STAGES: dict[str, Stage] = {
+    s.name: s
+    for s in (
+        Stage(
+            "numerics",
+            (*PYTEST, *NUMERICS_TESTS),
+            ("numerics.json",),
+            _modules(
+                patched=f"{MARLIN.format('bf16')} {MARLIN.format('fp16')}",
+                unpatched=MARLIN.format("bf16"),
+            ),
+        ),
+        Stage(
+            "compute75",
+            (*PYTEST, "tests/gpu/test_kernel_repro.py::test_turing_compute75_ptx"),
+            ("turing_ptx.json",),
+            _modules(compute75=MARLIN.format("fp16")),
+        ),
+        Stage(
+            "bench",
+            ("bench/bench_fp4_marlin.py", "--out", "{report_dir}"),
+            ("bench.json", "bench.md", "bench.png"),
+            _modules(patched=MARLIN.format("bf16"), upstream="up_gptq_marlin:bf16 up_repack"),
+        ),
+    )
+}
+DEFAULT_STAGES = ("numerics", "compute75", "bench")
+
+
+def select(names: str) -> list[Stage]:
+    """Stages named in a comma list, in the table's order; ValueError names unknown ones."""
+    wanted = [n.strip() for n in names.split(",") if n.strip()]
+    unknown = [n for n in wanted if n not in STAGES]
+    if unknown or not wanted:
+        raise ValueError(f"unknown stage(s) {unknown or names!r}; known: {', '.join(STAGES)}")
+    return [s for s in STAGES.values() if s.name in wanted]

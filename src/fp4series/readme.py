@@ -1,0 +1,174 @@
+"""The README's tables, generated from their sources so that they cannot drift.
+
+A generated block sits between ``<!-- generated: NAME -->`` and ``<!-- end generated: NAME -->``
+in README.md; everything else in the README is prose written by hand. Blocks:
+  series      patches/series and each patch's subject, Upstream-Status and Tests: trailer
+  gpu-numerics  reports/h200/numerics.json and turing_ptx.json (max relative L2 per group)
+  gpu-bench   reports/h200/bench.json (time ratios per M range)
+``python -m fp4series readme`` rewrites the blocks in place; ``--check`` changes nothing and
+exits 1 naming the blocks that differ (CI runs it).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import re
+from collections.abc import Callable, Iterable, Mapping
+from pathlib import Path
+from typing import Any
+
+from fp4series import paths, report
+from fp4series.errors import SeriesError
+
+BLOCK = re.compile(
+    r"(<!-- generated: (?P<name>[\w-]+) -->\n)(?P<body>.*?)(<!-- end generated: (?P=name) -->)",
+    re.S,
+)
+M_RANGES = (("M <= 8", (1, 2, 4, 8)), ("M = 16", (16,)), ("M = 32", (32,)),
+            ("M 64-128", (64, 128)), ("M 256-1024", (256, 1024)))  # fmt: skip
+
+
+def _table(header: Iterable[str], rows: Iterable[Iterable[Any]]) -> str:
+    header = list(header)
+    lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
+    lines += ["| " + " | ".join(str(c) for c in row) + " |" for row in rows]
+    return "\n".join(lines) + "\n"
+
+
+def series_table(root: Path) -> str:
+    from fp4series import prefix, series
+
+    rows = []
+    for i, p in enumerate(series.load_series(root / "patches"), 1):
+        tests = p.tests()
+        cpu = len(prefix.cpu_tests(tests))
+        subject = re.sub(r"^\[[^\]]*\]\s*", "", p.subject)
+        name = p.name.removesuffix(".patch")
+        rows.append((i, f"`{name}`", subject, p.upstream_status or "(none)",
+                     f"{cpu} CPU, {len(tests) - cpu} GPU"))  # fmt: skip
+    return _table(("#", "patch", "what", "Upstream-Status", "Tests"), rows)
+
+
+def _e(x: float) -> str:
+    """9.6e-4 below 0.1 (the errors that pass), 1.26 above (the repro's)."""
+    return f"{x:.2f}" if x >= 0.1 else re.sub(r"e([+-])0(\d)", r"e\1\2", f"{x:.1e}")
+
+
+def _load(path: Path) -> dict[str, Any]:
+    try:
+        return json.loads(path.read_text())
+    except (OSError, json.JSONDecodeError) as exc:
+        raise SeriesError(f"cannot read {path}: {exc}", hint="restore it from git") from exc
+
+
+def numerics_table(root: Path) -> str:
+    reports = root / report.DEFAULT_REPORT_DIR
+    cases = _load(reports / "numerics.json")["cases"]
+    turing = _load(reports / "turing_ptx.json")["cases"]
+    rows = []
+
+    def group(label: str, chosen: list[Mapping[str, Any]], dtype: str) -> None:
+        if not chosen:
+            return
+        reduced = max(c.get("rel_l2_no_atomic_add", c["rel_l2"]) for c in chosen)
+        shipped = max(c["rel_l2"] for c in chosen)
+        rows.append((label, dtype, len(chosen), _e(reduced),
+                     _e(shipped) if shipped != reduced else "same"))  # fmt: skip
+
+    for templates, title in (("patched", "series"), ("unpatched", "the pin's templates")):
+        for kind, kpaths in (("dense", report.DENSE_PATHS), ("MoE", report.MOE_PATHS)):
+            for dtype in ("float16", "bfloat16"):
+                chosen = [c for c in cases if c.get("templates", "patched") == templates
+                          and c["path"] in kpaths and c["dtype"] == dtype]  # fmt: skip
+                finite = [c for c in chosen if c.get("rel_l2") is not None]
+                if len(finite) < len(chosen):
+                    rows.append((f"{kind}, {title}", dtype, len(chosen),
+                                 f"non-finite output ({len(chosen) - len(finite)} of "
+                                 f"{len(chosen)})", ""))  # fmt: skip
+                else:
+                    group(f"{kind}, {title}", chosen, dtype)
+    for kind, kpaths in (("dense", report.DENSE_PATHS), ("MoE", report.MOE_PATHS)):
+        group(f"{kind}, compute_75 PTX", [c for c in turing if c["path"] in kpaths], "float16")
+    header = ("layers, templates", "dtype", "cases", "max rel. L2 (fp32 split-K reduce)",
+              "as shipped (atomicAdd reduce)")  # fmt: skip
+    return _table(header, rows)
+
+
+def bench_table(root: Path) -> str:
+    rows = _load(root / report.DEFAULT_REPORT_DIR / "bench.json")["rows"]
+    lines = []
+    for label, field, kind in (
+        ("bf16 cuBLAS time / FP4 time (dense)", "bf16_us", "dense"),
+        ("INT4 GPTQ Marlin time / FP4 time (dense)", "int4_us", "dense"),
+        ("HBM roofline / FP4 time (dense)", "roofline_us", "dense"),
+        ("upstream 0.5.23 FP4 time / patched FP4 time (dense)", "upstream_fp4_us", "dense"),
+        ("bf16 time / FP4 time (MoE, E=64 top-8)", "bf16_us", "moe"),
+        ("INT4 time / FP4 time (MoE)", "int4_us", "moe"),
+        ("HBM roofline / FP4 time (MoE, touched experts)", "roofline_us", "moe"),
+    ):
+        cells = []
+        for _, ms in M_RANGES:
+            chosen = [r for r in rows if r["kind"] == kind and r["m"] in ms]
+            ratios = [r[field] / r["fp4_us"] for r in chosen if r.get(field) and r.get("fp4_us")]
+            lo, hi = (f"{min(ratios):.2f}", f"{max(ratios):.2f}") if ratios else ("-", "-")
+            cells.append(lo if lo == hi else f"{lo}-{hi}")
+        if any(c != "-" for c in cells):
+            lines.append((label, *cells))
+    return _table(("", *(name for name, _ in M_RANGES)), lines)
+
+
+GENERATORS: dict[str, Callable[[Path], str]] = {
+    "series": series_table,
+    "gpu-numerics": numerics_table,
+    "gpu-bench": bench_table,
+}
+
+
+def render(text: str, root: Path) -> tuple[str, list[str]]:
+    """TEXT with every generated block rewritten, and the names of the blocks that changed."""
+    changed: list[str] = []
+    unknown = [m["name"] for m in BLOCK.finditer(text) if m["name"] not in GENERATORS]
+    if unknown:
+        raise SeriesError(f"README has unknown generated blocks {unknown}",
+                          hint=f"known: {', '.join(GENERATORS)}")  # fmt: skip
+
+    def one(m: re.Match[str]) -> str:
+        body = GENERATORS[m["name"]](root)
+        if body != m["body"]:
+            changed.append(m["name"])
+        return m.group(1) + body + m.group(4)
+
+    return BLOCK.sub(one, text), changed
+
+
+def _cmd_readme(args: argparse.Namespace) -> int:
+    root = paths.project_root()
+    readme = Path(args.readme) if args.readme else root / "README.md"
+    text = readme.read_text(encoding="utf-8")
+    new, changed = render(text, root)
+    if args.check:
+        if changed:
+            print(f"{readme}: generated blocks out of date: {', '.join(changed)}")
+            print("  what to do: run `python -m fp4series readme` and commit README.md")
+            return 1
+        print(f"{readme}: generated blocks up to date")
+        return 0
+    if changed:
+        tmp = readme.with_name(readme.name + ".tmp")
+        tmp.write_text(new, encoding="utf-8")
+        tmp.replace(readme)
+    print(f"{readme}: rewrote {', '.join(changed) or 'nothing (up to date)'}")
+    return 0
+
+
+def register(subparsers: argparse._SubParsersAction) -> None:
+    p = subparsers.add_parser(
+        "readme",
+        help="regenerate the README's tables from patches/ and reports/ (--check: CI)",
+        description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    p.add_argument("--check", action="store_true", help="change nothing; exit 1 on drift")
+    p.add_argument("--readme", help="default: the project's README.md")
+    p.set_defaults(func=_cmd_readme)

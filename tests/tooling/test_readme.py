@@ -1,0 +1,77 @@
+"""The README's generated tables: rewritten from patches/ and reports/, drift is caught."""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+
+import pytest
+
+from fp4series import readme
+from fp4series.errors import SeriesError
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+def test_the_committed_readme_is_current() -> None:
+    text = (REPO / "README.md").read_text()
+    assert {"series", "gpu-numerics", "gpu-bench"} <= {
+        m["name"] for m in readme.BLOCK.finditer(text)
+    }
+    assert readme.render(text, REPO) == (text, [])
+
+
+@pytest.fixture()
+def project(tmp_path: Path) -> Path:
+    for rel in ("patches", "reports/h200"):
+        shutil.copytree(REPO / rel, tmp_path / rel)
+    shutil.copy2(REPO / "README.md", tmp_path / "README.md")
+    return tmp_path
+
+
+def test_a_changed_report_is_drift_and_rewriting_fixes_it(
+    project: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    bench = project / "reports/h200/bench.json"
+    data = json.loads(bench.read_text())
+    for row in data["rows"]:
+        if row["kind"] == "dense" and row["m"] == 1:
+            row["bf16_us"] = row["fp4_us"] * 9.99
+    bench.write_text(json.dumps(data))
+    monkeypatch.setenv("FP4SERIES_ROOT", str(project))
+    args = ["readme", "--readme", str(project / "README.md")]
+    from fp4series import cli
+
+    assert cli.main([*args, "--check"]) == 1
+    assert "out of date: gpu-bench" in capsys.readouterr().out
+    before = (project / "README.md").read_text()
+    assert cli.main(args) == 0
+    after = (project / "README.md").read_text()
+    assert "| bf16 cuBLAS time / FP4 time (dense) | 1.19-9.99 |" in after
+    for marker, side in (
+        ("<!-- generated: gpu-bench -->", 0),
+        ("<!-- end generated: gpu-bench", 1),
+    ):
+        assert before.split(marker)[side] == after.split(marker)[side]  # only the block changed
+    assert cli.main([*args, "--check"]) == 0
+
+
+def test_a_patch_subject_change_shows_in_the_series_table(project: Path) -> None:
+    first = sorted((project / "patches").glob("0001-*.patch"))[0]
+    text = first.read_text()
+    first.write_text(text.replace("with the 8-bit stride", "with the byte stride", 1))
+    new, changed = readme.render((project / "README.md").read_text(), project)
+    assert changed == ["series"]
+    assert "Marlin: read FP4 block scales with the byte stride (dense)" in new
+
+
+def test_unknown_block_is_an_error(tmp_path: Path) -> None:
+    with pytest.raises(SeriesError, match="unknown generated blocks"):
+        readme.render("<!-- generated: nope -->\nx\n<!-- end generated: nope -->\n", tmp_path)
+
+
+def test_the_numerics_table_names_non_finite_repro_output(project: Path) -> None:
+    table = readme.numerics_table(project)
+    assert "| MoE, the pin's templates | bfloat16 | 3 | non-finite output (3 of 3) |  |" in table
+    assert "| dense, series | float16 | 120 | 9.6e-4 | same |" in table
