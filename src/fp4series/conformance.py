@@ -25,9 +25,11 @@ from __future__ import annotations
 import argparse
 import re
 import sys
+import xml.etree.ElementTree as ET
 import zipfile
 from dataclasses import asdict, dataclass
 from pathlib import Path
+from typing import Any
 
 from fp4series import paths
 from fp4series.digest import sha256_file
@@ -238,6 +240,46 @@ def test_id(upstream_path: str, name: str) -> str:
 def base_name(test_name: str) -> str:
     """``test_x[dtype0]`` -> ``test_x``."""
     return test_name.split("[", 1)[0]
+
+
+def outcomes_from_junit(junit: Path) -> dict[str, tuple[str, str]]:
+    """test id (upstream path::name) -> (pass | fail | skipped, message) from JUnit XML."""
+    upstream_of = {Path(rel).stem: up for up, rel in TEST_FILES.items()}
+    results = {}
+    for case in ET.parse(junit).getroot().iter("testcase"):
+        module = case.get("classname", "").rsplit(".", 1)[-1]
+        name = case.get("name", "?")
+        status, message = "pass", ""
+        for child in case:
+            if child.tag in ("failure", "error"):
+                status = "fail"
+                message = (child.get("message") or child.text or "")[:800]
+            elif child.tag == "skipped":
+                status, message = "skipped", (child.get("message") or "")[:800]
+        results[test_id(upstream_of.get(module, module or name), name)] = (status, message)
+    return results
+
+
+def records(outcomes: dict[str, tuple[str, str]]) -> list[dict[str, Any]]:
+    """One conformance.json record per test: pass, fail, or not-applicable (+ what it needs).
+
+    A not-applicable test still ran; its outcome is kept as ``observed``. A skipped test is
+    a fail: not run is not a pass.
+    """
+    out = []
+    for tid, (status, message) in sorted(outcomes.items()):
+        record: dict[str, Any] = {"id": tid}
+        base = base_name(tid.rsplit("::", 1)[-1])
+        if base in NOT_APPLICABLE:
+            record.update(status="not-applicable", needs=NOT_APPLICABLE[base], observed=status)
+        elif status == "skipped":
+            record.update(status="fail", observed="skipped")
+        else:
+            record["status"] = status
+        if message:
+            record["message"] = message
+        out.append(record)
+    return out
 
 
 def main(argv: list[str] | None = None) -> int:

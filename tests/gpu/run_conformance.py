@@ -19,9 +19,7 @@ import os
 import subprocess
 import sys
 import tempfile
-import xml.etree.ElementTree as ET
 from pathlib import Path
-from typing import Any
 
 REPO = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(REPO / "src"))
@@ -44,45 +42,6 @@ def _device_capability() -> str:
     return f"{major}.{minor}"
 
 
-def _outcomes(junit: Path) -> dict[str, tuple[str, str]]:
-    """test id -> (pass | fail | skipped, message) from pytest's JUnit XML."""
-    upstream_of = {Path(rel).stem: up for up, rel in conformance.TEST_FILES.items()}
-    results = {}
-    for case in ET.parse(junit).getroot().iter("testcase"):
-        module = case.get("classname", "").rsplit(".", 1)[-1]
-        test_id = conformance.test_id(upstream_of.get(module, module), case.get("name", "?"))
-        status, message = "pass", ""
-        for child in case:
-            if child.tag in ("failure", "error"):
-                status = "fail"
-                message = (child.get("message") or child.text or "")[:800]
-            elif child.tag == "skipped":
-                status, message = "skipped", (child.get("message") or "")[:800]
-        results[test_id] = (status, message)
-    return results
-
-
-def _records(outcomes: dict[str, tuple[str, str]]) -> list[dict[str, Any]]:
-    records = []
-    for test_id, (status, message) in sorted(outcomes.items()):
-        base = conformance.base_name(test_id.rsplit("::", 1)[-1])
-        record: dict[str, Any] = {"id": test_id}
-        if base in conformance.NOT_APPLICABLE:
-            record.update(
-                status="not-applicable",
-                needs=conformance.NOT_APPLICABLE[base],
-                observed=status,
-            )
-        elif status == "skipped":  # not run is not a pass
-            record.update(status="fail", observed="skipped")
-        else:
-            record["status"] = status
-        if message:
-            record["message"] = message
-        records.append(record)
-    return records
-
-
 def run(args: argparse.Namespace) -> int:
     capability = _device_capability()
     workdir = Path(args.workdir or tempfile.mkdtemp(prefix="fp4series-conformance-"))
@@ -97,7 +56,7 @@ def run(args: argparse.Namespace) -> int:
     proc = subprocess.run(cmd, cwd=tests_dir, env=dict(os.environ), check=False)
     if not junit.is_file():
         raise SeriesError(f"pytest wrote no results (exit {proc.returncode})")
-    records = _records(_outcomes(junit))
+    records = conformance.records(conformance.outcomes_from_junit(junit))
     data = {
         **report.run_metadata(args.command or "python tests/gpu/run_conformance.py"),
         "device_capability": capability,

@@ -130,3 +130,39 @@ def test_real_upstream_wheel_when_cached(tmp_path: Path) -> None:
     moe = (tmp_path / "out" / "tests" / "test_moe_wna16_marlin.py").read_text()
     for name in conformance.NOT_APPLICABLE:
         assert f"def {name}(" in moe
+
+
+JUNIT = """<?xml version="1.0" encoding="utf-8"?>
+<testsuites><testsuite name="pytest">
+<testcase classname="tests.test_gptq_marlin"
+  name="test_nvfp4_marlin_dense_matches_dequant_reference[dtype0]" time="1"/>
+<testcase classname="tests.test_gptq_marlin"
+  name="test_nvfp4_marlin_dense_matches_dequant_reference[dtype1]" time="1">
+  <failure message="AssertionError: Tensor-likes are not close!">trace</failure></testcase>
+<testcase classname="tests.test_gptq_marlin"
+  name="test_nvfp4_marlin_support_and_scale_transforms_sm80_sm90[dtype0]" time="1">
+  <skipped message="no GPU"/></testcase>
+<testcase classname="tests.test_moe_wna16_marlin"
+  name="test_fused_marlin_moe_nvfp4_non_gated_matches_dequant_reference" time="1">
+  <failure message="ValueError: non-gated experts are not supported">trace</failure></testcase>
+</testsuite></testsuites>
+"""
+
+
+def test_records_from_junit(tmp_path: Path) -> None:
+    junit = tmp_path / "junit.xml"
+    junit.write_text(JUNIT)
+    got = {r["id"].rsplit("::", 1)[-1]: r for r in conformance.records(
+        conformance.outcomes_from_junit(junit)
+    )}  # fmt: skip
+    assert got["test_nvfp4_marlin_dense_matches_dequant_reference[dtype0]"]["status"] == "pass"
+    failed = got["test_nvfp4_marlin_dense_matches_dequant_reference[dtype1]"]
+    assert failed["status"] == "fail" and "not close" in failed["message"]
+    skipped = got["test_nvfp4_marlin_support_and_scale_transforms_sm80_sm90[dtype0]"]
+    assert skipped["status"] == "fail" and skipped["observed"] == "skipped"
+    na = got["test_fused_marlin_moe_nvfp4_non_gated_matches_dequant_reference"]
+    assert na["status"] == "not-applicable" and na["observed"] == "fail"
+    assert "is_gated=False" in na["needs"]
+    ids = sorted(r["id"] for r in got.values())
+    assert ids[0].startswith("sglang/jit_kernel/tests/test_gptq_marlin.py::")
+    assert ids[-1].startswith("sglang/jit_kernel/tests/test_moe_wna16_marlin.py::")
