@@ -142,11 +142,12 @@ def fp4_weight_tensors(n: int, k: int, seed: int) -> dict[str, torch.Tensor]:
     layer.input_size_per_partition = k
     layer.params_dtype = DTYPE
     layer.orig_dtype = DTYPE
-    prepare_nvfp4_layer_for_marlin(layer, weight_global_scale=torch.tensor(8.3e-4, device="cuda"))
+    layer.weight_global_scale = torch.tensor(8.3e-4, device="cuda")
+    prepare_nvfp4_layer_for_marlin(layer)
     return {
         "weight": layer.weight.data,
         "scale": layer.weight_scale.data,
-        "global_scale": layer.marlin_global_scale.data,
+        "global_scale": layer.weight_global_scale.data,
     }
 
 

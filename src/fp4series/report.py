@@ -1,11 +1,13 @@
 """GPU proof reports: the metadata every report carries, and the CI check of committed reports.
 
-The GPU tests (tests/gpu) and the benchmark (bench/bench_fp4_marlin.py) write
-``numerics.json``, ``turing_ptx.json`` and ``bench.json``; CI cannot rerun them, so
-``python -m fp4series check-reports`` checks their schema and thresholds: every patched case
-within ``PATCHED_MAX_REL_L2``, every unpatched-template repro case failing (above
-``UNPATCHED_MIN_REL_L2``), the tracing checks passing, and the command, series revision and
-pin recorded.
+The GPU tests (tests/gpu), the conformance run (tests/gpu/run_conformance.py) and the benchmark
+(bench/bench_fp4_marlin.py) write ``numerics.json``, ``turing_ptx.json``, ``conformance.json``
+and ``bench.json``; CI cannot rerun them, so ``python -m fp4series check-reports`` checks their
+schema and thresholds: every patched case within ``PATCHED_MAX_REL_L2``, every unpatched-template
+repro case failing (above ``UNPATCHED_MIN_REL_L2``), the tracing checks passing, fused shards
+with different global scales served within the gates (each shard too) or refused with a message
+naming the scales, upstream's dense and capability NVFP4 Marlin tests passing, and the command,
+series revision and pin recorded.
 """
 
 from __future__ import annotations
@@ -40,6 +42,17 @@ BENCH_MS = (1, 2, 4, 8, 16, 32, 64, 128, 256, 1024)
 META_FIELDS = ("command", "series_revision", "pin", "device", "torch", "date")
 REVISION_ENV = "FP4SERIES_SERIES_REVISION"  # JSON, set where the repo has no .git (device)
 DEFAULT_REPORT_DIR = Path("reports") / "h200"
+# Fused shards with different global scales (tests/gpu/test_fused_shards.py): every dense
+# path x layer x ratio x dtype, and MoE with w1 != w3 per path x dtype.
+FUSED_LAYERS = ("qkv", "gate_up")
+FUSED_RATIOS = (2.0, 0.5, 1e-3)
+FUSED_OUTCOMES = ("served", "refused")
+# conformance.json: upstream's NVFP4 Marlin tests (fp4series.conformance)
+CONFORMANCE_STATUSES = ("pass", "fail", "not-applicable")
+CONFORMANCE_REQUIRED = (
+    "test_nvfp4_marlin_support_and_scale_transforms_sm80_sm90",
+    "test_nvfp4_marlin_dense_matches_dequant_reference",
+)
 
 
 # --------------------------------------------------------------------------- metadata
@@ -288,6 +301,115 @@ def check_numerics(data: Mapping[str, Any], problems: list[str]) -> None:
                 problems.append(f"{name}: tracing check {check!r} not recorded")
             elif not all(t.get("passed") is True for t in entries):
                 problems.append(f"{name}: tracing check {check!r} did not pass")
+    check_fused_shards(data, problems)
+
+
+def _fused_label(case: Mapping[str, Any]) -> str:
+    return (
+        f"{case.get('path')} {case.get('layer')} {case.get('dtype')} ratio={case.get('ratio')} "
+        f"m={case.get('m')}"
+    )
+
+
+def check_fused_shard_case(name: str, case: Mapping[str, Any], problems: list[str]) -> None:
+    """One fused-shards case: served within the gates (whole layer and each shard) or refused
+    with an error that names the global scales."""
+    where = f"{name}: {_fused_label(case)}"
+    if case.get("path") not in PATHS or case.get("dtype") not in DTYPES:
+        problems.append(f"{where}: path/dtype must be one of {PATHS} / {DTYPES}")
+        return
+    if not _is_num(case.get("ratio")) or case["ratio"] <= 0:
+        problems.append(f"{where}: ratio must be a positive number")
+    outcome = case.get("outcome")
+    if outcome not in FUSED_OUTCOMES:
+        problems.append(f"{where}: outcome must be one of {FUSED_OUTCOMES}, got {outcome!r}")
+        return
+    if outcome == "refused":
+        error = case.get("error")
+        if not isinstance(error, str) or "global scale" not in error:
+            problems.append(f"{where}: a refusal must carry the error naming the global scales")
+        return
+    limit = max_rel_l2(case, "rel_l2")
+    values = [("rel_l2", case.get("rel_l2", "absent"))]
+    if case.get("path") in DENSE_PATHS:
+        shards = case.get("rel_l2_per_shard")
+        if not isinstance(shards, list) or not shards:
+            problems.append(f"{where}: missing rel_l2_per_shard")
+        else:
+            values += [(f"rel_l2_per_shard[{i}]", v) for i, v in enumerate(shards)]
+    for field, value in values:
+        if not _is_num(value):
+            problems.append(f"{where}: {field} is {value!r} (run failed?)")
+        elif value > limit:
+            problems.append(f"{where}: {field} {value:.3e} > {limit:.1e}")
+
+
+def check_fused_shards(data: Mapping[str, Any], problems: list[str]) -> None:
+    name = "numerics.json fused_shards"
+    cases = data.get("fused_shards")
+    if not isinstance(cases, list) or not cases:
+        problems.append(f"{name}: missing (the cases of tests/gpu/test_fused_shards.py)")
+        return
+    seen: set[tuple[Any, ...]] = set()
+    for case in cases:
+        if not isinstance(case, Mapping):
+            problems.append(f"{name}: every case must be an object")
+            continue
+        check_fused_shard_case(name, case, problems)
+        seen.add((case.get("path"), case.get("layer"), case.get("dtype"), case.get("ratio")))
+    for path in DENSE_PATHS:
+        for layer in FUSED_LAYERS:
+            for dtype in DTYPES:
+                for ratio in FUSED_RATIOS:
+                    if (path, layer, dtype, ratio) not in seen:
+                        problems.append(f"{name}: no case for {path} {layer} {dtype} ratio {ratio}")
+    for path in MOE_PATHS:
+        for dtype in DTYPES:
+            if not any(k[0] == path and k[1] == "moe_w13" and k[2] == dtype for k in seen):
+                problems.append(f"{name}: no w1 != w3 case for {path} {dtype}")
+
+
+def check_conformance(data: Mapping[str, Any], problems: list[str]) -> None:
+    """Upstream's NVFP4 Marlin tests on the series: schema, listed edits, required passes."""
+    name = "conformance.json"
+    _check_meta(name, data, problems)
+    upstream = data.get("upstream")
+    if not isinstance(upstream, Mapping) or not all(
+        upstream.get(k) for k in ("version", "wheel", "sha256")
+    ):
+        problems.append(f"{name}: 'upstream' must name version, wheel and sha256")
+    edits = data.get("edits")
+    if not isinstance(edits, list) or not edits:
+        problems.append(f"{name}: 'edits' must list every mechanical edit (file, line, kind)")
+    else:
+        for i, edit in enumerate(edits):
+            ok = isinstance(edit, Mapping) and all(edit.get(k) for k in ("file", "line", "kind"))
+            if not ok:
+                problems.append(f"{name}: edits[{i}] needs file, line and kind")
+    tests = data.get("tests")
+    if not isinstance(tests, list) or not tests:
+        problems.append(f"{name}: 'tests' must be a non-empty list (one record per test)")
+        return
+    passed: dict[str, list[bool]] = {}
+    for i, test in enumerate(tests):
+        where = f"{name}: tests[{i}]"
+        if not isinstance(test, Mapping) or not isinstance(test.get("id"), str):
+            problems.append(f"{where}: needs an id")
+            continue
+        status = test.get("status")
+        if status not in CONFORMANCE_STATUSES:
+            problems.append(f"{where} {test['id']}: status {status!r} is not one of the three")
+            continue
+        if status == "not-applicable" and not test.get("needs"):
+            problems.append(f"{where} {test['id']}: not-applicable without the feature it needs")
+        base = test["id"].rsplit("::", 1)[-1].split("[", 1)[0]
+        passed.setdefault(base, []).append(status == "pass")
+    for required in CONFORMANCE_REQUIRED:
+        results = passed.get(required)
+        if not results:
+            problems.append(f"{name}: upstream test {required} was not run")
+        elif not all(results):
+            problems.append(f"{name}: upstream test {required} does not pass on the series")
 
 
 def check_turing(
@@ -389,7 +511,7 @@ def _load(path: Path, problems: list[str]) -> dict[str, Any] | None:
     return data
 
 
-REPORT_FILES = ("numerics.json", "bench.json", "turing_ptx.json")
+REPORT_FILES = ("numerics.json", "bench.json", "turing_ptx.json", "conformance.json")
 
 
 def check_report_dir(report_dir: Path) -> list[str]:
@@ -409,6 +531,13 @@ def check_report_dir(report_dir: Path) -> list[str]:
     turing = _load(turing_path, problems)
     if turing is not None or not turing_path.is_file():
         check_turing(turing, numerics, problems)
+    conformance = _load(report_dir / "conformance.json", problems)
+    if conformance is None and not (report_dir / "conformance.json").is_file():
+        problems.append(
+            f"conformance.json: not found in {report_dir} (tests/gpu/run_conformance.py)"
+        )
+    elif conformance is not None:
+        check_conformance(conformance, problems)
     return problems
 
 
@@ -442,7 +571,8 @@ def _cmd_check(args: argparse.Namespace) -> int:
 def register(subparsers: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
     p = subparsers.add_parser(
         "check-reports",
-        help="check reports/h200 (numerics, turing_ptx, bench) for schema and thresholds",
+        help="check reports/h200 (numerics, turing_ptx, conformance, bench) for schema and "
+        "thresholds",
     )
     p.add_argument("--dir", default=str(DEFAULT_REPORT_DIR), help="report directory")
     p.add_argument(

@@ -128,12 +128,14 @@ def turing_enabled() -> tuple[bool, str]:
     import torch
 
     try:
-        from sglang.srt.layers.quantization.marlin_utils_fp4 import is_fp4_marlin_supported
+        from sglang.srt.layers.quantization.marlin_utils_fp4 import check_fp4_marlin_supported
     except ImportError as exc:
         return False, f"marlin_utils_fp4 not importable: {exc}"
-    if is_fp4_marlin_supported(torch.float16, capability=(7, 5)):
-        return True, ""
-    return False, "the series refuses SM75 (is_fp4_marlin_supported(fp16, (7, 5)) is False)"
+    try:
+        check_fp4_marlin_supported(torch.float16, capability=(7, 5))
+    except ValueError as exc:
+        return False, f"the series refuses SM75 with fp16: {exc}"
+    return True, ""
 
 
 def c75_env() -> dict[str, str]:

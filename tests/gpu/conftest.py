@@ -94,7 +94,7 @@ class GpuReport:
         self.turing_cases = list(cases or [])
 
     def write(self) -> list[Path]:
-        if not (self.cases or self.tracing or self.turing):
+        if not (self.cases or self.tracing or self.turing or self.extra):
             return []
         from fp4series import report
 

@@ -33,8 +33,8 @@ def _layer_op_args(layer: torch.nn.Module) -> tuple[Any, ...]:
     return (
         layer.weight,
         layer.weight_scale,
-        layer.marlin_global_scale,
-        layer.marlin_workspace,
+        layer.weight_global_scale,
+        layer.workspace,
         N,
         K,
     )

@@ -121,7 +121,11 @@ def fp4_marlin_min_capability() -> int:
         return 80
     value = getattr(mod, "FP4_MARLIN_MIN_CAPABILITY", None)
     if value is None:
-        return 75 if mod.is_fp4_marlin_supported(torch.float16, capability=(7, 5)) else 80
+        try:
+            mod.check_fp4_marlin_supported(torch.float16, capability=(7, 5))
+        except ValueError:
+            return 80
+        return 75
     if isinstance(value, tuple):
         value = value[0] * 10 + value[1]
     return int(value)
@@ -482,14 +486,22 @@ def test_marlin_prepare_receives_multipliers(
     """ModelOpt weight_scale_2 is passed as is; compressed-tensors scales are inverted.
 
     The Marlin repack needs CUDA, so the preparation functions are replaced by
-    recorders; everything before them (checkpoint tensors created by the real
-    method, after-loading processing) is SGLang's code.
+    recorders of the layer attributes they read (upstream's helper API:
+    ``weight_global_scale``; MoE ``w13_weight_scale_2`` / ``w2_weight_scale_2``);
+    everything before them (checkpoint tensors created by the real method,
+    after-loading processing) is SGLang's code. Per-shard / per-half values are
+    handed over as they are: the preparation serves or refuses them.
     """
     ckpt = CHECKPOINTS[ckpt_key]
     calls: list[dict] = []
     module = importlib.import_module(_PREPARE_MODULES[ckpt_key])
     name = "prepare_moe_nvfp4_layer_for_marlin" if ckpt.moe else "prepare_nvfp4_layer_for_marlin"
-    monkeypatch.setattr(module, name, lambda layer, **kw: calls.append(dict(kw, layer=layer)))
+    read = ("w13_weight_scale_2", "w2_weight_scale_2") if ckpt.moe else ("weight_global_scale",)
+
+    def recorder(layer):
+        calls.append({"layer": layer, **{a: getattr(layer, a).data.clone() for a in read}})
+
+    monkeypatch.setattr(module, name, recorder)
 
     # SM100 with an explicit marlin request (upstream issue #43988's set-up);
     # below SM100 auto reaches the same code (see the matrix).
@@ -499,12 +511,12 @@ def test_marlin_prepare_receives_multipliers(
         scale_2 = _fill(layer.weight_scale_2, gen)
         method.process_weights_after_loading(layer)
         (call,) = calls
-        torch.testing.assert_close(call["weight_global_scale"], scale_2.max())
+        torch.testing.assert_close(call["weight_global_scale"], scale_2)
     elif ckpt_key == "ct-dense":
         divisor = _fill(layer.weight_global_scale, gen)
         method.process_weights_after_loading(layer)
         (call,) = calls
-        torch.testing.assert_close(call["weight_global_scale"], 1.0 / divisor.max())
+        torch.testing.assert_close(call["weight_global_scale"], 1.0 / divisor)
         assert call["layer"].weight.shape == (512, 1024 // 2)
         assert not hasattr(layer, "input_global_scale")
     elif ckpt_key == "modelopt-moe":
@@ -512,14 +524,15 @@ def test_marlin_prepare_receives_multipliers(
         w13 = layer.w13_weight.data
         w13.copy_(torch.arange(w13.shape[1], dtype=torch.int32).view(1, -1, 1).expand_as(w13))
         scale_13 = _fill(layer.w13_weight_scale_2, gen)
-        scale_13[:, 1] = scale_13[:, 0] * 2  # w3's scale differs: w1's is used
+        scale_13[:, 1] = scale_13[:, 0] * 2  # w3's scale differs: both are handed over
         layer.w13_weight_scale_2.data.copy_(scale_13)
         scale_2 = _fill(layer.w2_weight_scale_2, gen)
         method.process_weights_after_loading(layer)
         (call,) = calls
-        first = 0 if not trtllm_order else 1
-        torch.testing.assert_close(call["w13_global_scale"], scale_13[:, first])
-        torch.testing.assert_close(call["w2_global_scale"], scale_2)
+        # [w1, w3] order, whatever order the loader stored them in
+        expected_13 = scale_13 if not trtllm_order else scale_13.flip(1)
+        torch.testing.assert_close(call["w13_weight_scale_2"], expected_13)
+        torch.testing.assert_close(call["w2_weight_scale_2"], scale_2)
         # Marlin wants [w1, w3]; a [w3, w1] load is swapped back.
         rows = call["layer"].w13_weight[0, :, 0].to(torch.int64)
         half = w13.shape[1] // 2
@@ -532,7 +545,7 @@ def test_marlin_prepare_receives_multipliers(
         div_2 = _fill(layer.w2_weight_global_scale, gen)
         method.process_weights_after_loading(layer)
         (call,) = calls
-        torch.testing.assert_close(call["w13_global_scale"], 1.0 / div_13[:, 0])
-        torch.testing.assert_close(call["w2_global_scale"], 1.0 / div_2)
+        torch.testing.assert_close(call["w13_weight_scale_2"], 1.0 / div_13)
+        torch.testing.assert_close(call["w2_weight_scale_2"], 1.0 / div_2)
         assert not hasattr(layer, "w13_input_global_scale")
     record_cell()

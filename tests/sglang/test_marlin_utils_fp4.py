@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import importlib
 import sys
+import types
 from pathlib import Path
 
 import pytest
@@ -233,9 +234,29 @@ SUPPORTED = [(8, 0), (8, 6), (8, 9), (9, 0), (10, 0), (10, 3), (12, 0), (12, 1)]
 @pytest.mark.parametrize("dtype", [FP16, BF16, None])
 def test_supported_from_sm80(m, monkeypatch, cap, dtype):
     monkeypatch.setattr(m, "get_device_capability", lambda device_id=0: cap)
-    assert m.is_fp4_marlin_supported(dtype)
     m.check_fp4_marlin_supported(dtype)  # no raise
-    assert m.is_fp4_marlin_supported(dtype, capability=cap)
+    m.check_fp4_marlin_supported(dtype, capability=cap)
+    # upstream's helper API has no is_fp4_marlin_supported
+    assert not hasattr(m, "is_fp4_marlin_supported")
+
+
+@pytest.mark.parametrize("sm", [80, 86, 89, 90, 100, 120])
+def test_check_marlin_supported_fp4_like_upstream(sm):
+    """Upstream's check_marlin_supported: FP4 with group 16 (NVFP4) or 32 (MXFP4) from SM80."""
+    from sglang.srt.layers.quantization.marlin_utils import check_marlin_supported
+    from sglang.srt.layers.quantization.utils import get_scalar_types
+
+    _, types_ = get_scalar_types()
+    fp4 = types_.float4_e2m1f
+    assert check_marlin_supported(fp4, group_size=16, has_zp=False, device_capability=sm)
+    assert check_marlin_supported(fp4, group_size=32, has_zp=False, device_capability=sm)
+    assert not check_marlin_supported(fp4, group_size=128, has_zp=False, device_capability=sm)
+    # the integer types keep their group sizes: 16 is FP4-only
+    assert not check_marlin_supported(types_.uint4b8, group_size=16, device_capability=sm)
+    assert check_marlin_supported(types_.uint4b8, group_size=128, device_capability=sm)
+    # below SM80 Marlin reports nothing supported, as upstream does (the series'
+    # Turing fp16 path is gated by check_fp4_marlin_supported, which knows the dtype)
+    assert not check_marlin_supported(fp4, group_size=16, has_zp=False, device_capability=75)
 
 
 @pytest.mark.parametrize("dtype", [FP16, BF16, None])
@@ -243,7 +264,6 @@ def test_sm75_refused_until_turing_path(m, monkeypatch, dtype):
     # Without the Turing kernel path (patch 9) SM75 must be refused whatever the dtype.
     monkeypatch.setattr(m, "_HAS_TURING_FP16_PATH", False)
     monkeypatch.setattr(m, "get_device_capability", lambda device_id=0: (7, 5))
-    assert not m.is_fp4_marlin_supported(dtype)
     with pytest.raises(ValueError, match=r"Turing \(SM75\) Marlin kernel path is not"):
         m.check_fp4_marlin_supported(dtype)
 
@@ -253,7 +273,6 @@ def test_sm75_refused_until_turing_path(m, monkeypatch, dtype):
 def test_below_sm75_refused(m, monkeypatch, cap, turing_path):
     monkeypatch.setattr(m, "_HAS_TURING_FP16_PATH", turing_path)
     monkeypatch.setattr(m, "get_device_capability", lambda device_id=0: cap)
-    assert not m.is_fp4_marlin_supported(FP16)
     minimum = "7.5" if turing_path else "8.0"
     with pytest.raises(ValueError, match=f"capability {minimum} or newer"):
         m.check_fp4_marlin_supported(FP16)
@@ -262,8 +281,7 @@ def test_below_sm75_refused(m, monkeypatch, cap, turing_path):
 def test_sm75_with_turing_path_needs_fp16(m, monkeypatch):
     monkeypatch.setattr(m, "_HAS_TURING_FP16_PATH", True)
     monkeypatch.setattr(m, "get_device_capability", lambda device_id=0: (7, 5))
-    assert m.is_fp4_marlin_supported(FP16)
-    assert not m.is_fp4_marlin_supported(BF16)
+    m.check_fp4_marlin_supported(FP16)  # no raise
     with pytest.raises(ValueError, match="--dtype float16"):
         m.check_fp4_marlin_supported(BF16)
 
@@ -273,7 +291,6 @@ def test_support_check_dtype_and_no_gpu(m, monkeypatch):
     with pytest.raises(ValueError, match="--dtype float16 or --dtype bfloat16"):
         m.check_fp4_marlin_supported(torch.float32)
     monkeypatch.setattr(m, "get_device_capability", lambda device_id=0: (None, None))
-    assert not m.is_fp4_marlin_supported(BF16)
     with pytest.raises(ValueError, match="no CUDA device"):
         m.check_fp4_marlin_supported(BF16)
 
@@ -421,8 +438,9 @@ def test_prepare_linear(m, monkeypatch, dtype, n, k, padded_n, padded_k):
     layer = _linear(n, k, dtype, seed=n + k, scale_hi=0x5F)  # incl. < 2^-6
     w0, s0, b0 = layer.weight.clone(), layer.weight_scale.clone(), layer.bias.clone()
     g = torch.tensor(0.0123)
+    layer.weight_global_scale = torch.nn.Parameter(g.clone(), requires_grad=False)
 
-    m.prepare_nvfp4_layer_for_marlin(layer, weight_global_scale=g)
+    m.prepare_nvfp4_layer_for_marlin(layer)
 
     # weight: repacked once from GPTQ-packed int32 [padded K/8, padded N]
     ((qweight, perm, size_k, size_n, bits),) = calls
@@ -434,17 +452,18 @@ def test_prepare_linear(m, monkeypatch, dtype, n, k, padded_n, padded_k):
     # scales * global: what the kernel applies == S * g in the Marlin order
     assert layer.weight_scale.dtype == torch.float8_e4m3fn
     assert layer.weight_scale.shape == (padded_k // 16, padded_n)
-    assert layer.marlin_global_scale.shape == (1,)
-    assert layer.marlin_global_scale.dtype == dtype
+    assert layer.weight_global_scale.shape == (1,)
+    assert layer.weight_global_scale.dtype == dtype
     s_pad = torch.zeros(padded_n, padded_k // 16, dtype=torch.float64)
     s_pad[:n, : k // 16] = s0.double()
     expected = _marlin_scale_layout(s_pad) * g.to(dtype).double()
-    got = _effective_scales(layer.weight_scale, layer.marlin_global_scale, dtype)
+    got = _effective_scales(layer.weight_scale, layer.weight_global_scale, dtype)
     rtol = 2.0**-11 if dtype == FP16 else 2.0**-8  # global scale rounding
     torch.testing.assert_close(got, expected, rtol=rtol, atol=0)
     # bias untouched (original order, added after the GEMM)
     assert torch.equal(layer.bias, b0)
-    assert layer.marlin_workspace.shape == (7,)
+    assert layer.workspace.shape == (7,)
+    assert getattr(layer, "weight_output_scale", None) is None  # one global scale
 
 
 @pytest.mark.parametrize(
@@ -453,7 +472,9 @@ def test_prepare_linear(m, monkeypatch, dtype, n, k, padded_n, padded_k):
         (128, 200, {}, "not a multiple of the NVFP4 group 16"),
         (128, 256, {"wshape": (128, 64)}, r"packed FP4 weight uint8 \[..., 128, 128\]"),
         (128, 256, {"sdtype": BF16}, "block scales float8_e4m3fn"),
-        (128, 256, {"g": torch.ones(3)}, "one global scale per layer"),
+        # fused shards with different scales and no shard sizes: never served
+        (128, 256, {"g": torch.tensor([1.0, 2.0, 1.0])}, r"global scales \[1, 2, 1\]"),
+        (128, 256, {"group_size": 32}, "requires group_size=16, got 32"),
         (128, 256, {"dtype": torch.float32}, "--dtype float16 or --dtype bfloat16"),
         (128, 256, {"cap": (7, 5)}, "Turing"),
     ],
@@ -467,10 +488,11 @@ def test_prepare_linear_errors(m, monkeypatch, n, k, kwargs, match):
         )
     if "sdtype" in kwargs:
         layer.weight_scale = torch.nn.Parameter(layer.weight_scale.to(kwargs["sdtype"]))
+    if "group_size" in kwargs:
+        layer.quant_config = types.SimpleNamespace(group_size=kwargs["group_size"])
+    layer.weight_global_scale = kwargs.get("g", torch.tensor(1.0))
     with pytest.raises(ValueError, match=match):
-        m.prepare_nvfp4_layer_for_marlin(
-            layer, weight_global_scale=kwargs.get("g", torch.tensor(1.0))
-        )
+        m.prepare_nvfp4_layer_for_marlin(layer)
     assert not calls  # nothing was repacked
 
 
@@ -500,8 +522,11 @@ def test_prepare_moe(m, monkeypatch, dtype):
     s13_0, s2_0 = layer.w13_weight_scale.clone(), layer.w2_weight_scale.clone()
     g13 = torch.tensor([0.5, 0.0123, 2.0**-10])
     g2 = torch.tensor([1.0, 3.0e-3, 0.25])
+    # w13 as ModelOpt loads it ([E, 2]: w1, w3; equal here), w2 as [E]
+    layer.w13_weight_scale_2 = torch.nn.Parameter(g13[:, None].repeat(1, 2))
+    layer.w2_weight_scale_2 = torch.nn.Parameter(g2.clone())
 
-    m.prepare_moe_nvfp4_layer_for_marlin(layer, w13_global_scale=g13, w2_global_scale=g2)
+    m.prepare_moe_nvfp4_layer_for_marlin(layer)
 
     assert len(calls) == 2 * e
     for i in range(e):
@@ -513,7 +538,7 @@ def test_prepare_moe(m, monkeypatch, dtype):
     rtol = 2.0**-11 if dtype == FP16 else 2.0**-8
     for name, s0, g in (("w13", s13_0, g13), ("w2", s2_0, g2)):
         scales = getattr(layer, f"{name}_weight_scale")
-        gs = getattr(layer, f"{name}_marlin_global_scale")
+        gs = getattr(layer, f"{name}_weight_scale_2")
         assert scales.dtype == torch.float8_e4m3fn and scales.shape == (
             e,
             s0.shape[2],
@@ -526,9 +551,10 @@ def test_prepare_moe(m, monkeypatch, dtype):
             got = block[i] * glob[i] * 2.0 ** -BIAS[dtype]
             expected = _marlin_scale_layout(s0[i].double()) * g[i].to(dtype).double()
             torch.testing.assert_close(got, expected, rtol=rtol, atol=0)
+    assert layer.workspace.shape == (7,)
     # bf16: expert 0 of w13 was rescaled (per expert), the others were not
     if dtype == BF16:
-        glob13 = _decode_16bit(layer.w13_marlin_global_scale.view(torch.int16), BF16)
+        glob13 = _decode_16bit(layer.w13_weight_scale_2.view(torch.int16), BF16)
         assert glob13[0].item() == pytest.approx(0.5 * 2.0**119 / 8, rel=2.0**-8)
         assert glob13[1].item() == pytest.approx(0.0123 * 2.0**119, rel=2.0**-8)
 
@@ -538,17 +564,134 @@ def test_prepare_moe(m, monkeypatch, dtype):
     [
         (128, 48, torch.ones(2), r"w13 with N=96, K=128"),
         (96, 64, torch.ones(2), r"w13 with N=128, K=96"),
-        (128, 64, torch.ones(3), r"w13_global_scale needs one value per expert \(2\)"),
+        (128, 64, torch.ones(3), r"w13_weight_scale_2 needs one value per expert \(2\)"),
+        # w3's scale 3x w1's: one per-expert kernel scale cannot serve both
+        (
+            128,
+            64,
+            torch.tensor([[1.0, 1.0], [0.5, 1.5]]),
+            r"expert 1 \(w1 global scale 0\.5, w3 global scale 1\.5\)",
+        ),
+        (128, 64, "non-gated", "non-gated experts are not supported"),
     ],
 )
 def test_prepare_moe_errors(m, monkeypatch, hidden, inter, g13, match):
     calls = _stub_kernels(m, monkeypatch)
     layer = _moe(2, hidden, inter, BF16, seed=1)
+    if isinstance(g13, str):
+        layer.moe_runner_config = types.SimpleNamespace(is_gated=False)
+        g13 = torch.ones(2)
+    layer.w13_weight_scale_2 = torch.nn.Parameter(g13)
+    layer.w2_weight_scale_2 = torch.nn.Parameter(torch.ones(2))
     with pytest.raises(ValueError, match=match):
-        m.prepare_moe_nvfp4_layer_for_marlin(
-            layer, w13_global_scale=g13, w2_global_scale=torch.ones(2)
-        )
+        m.prepare_moe_nvfp4_layer_for_marlin(layer)
     assert not calls
+
+
+# --------------------------------------------------------------------------
+# Fused shards with different global scales (patch 10)
+# --------------------------------------------------------------------------
+
+SHARDS = (128, 64, 64)  # a QKV-like fused layer: q, k, v
+
+
+def _shard_scales(ratio: float) -> torch.Tensor:
+    """q = g, k = ratio * g, v = g / 2 (ModelOpt multipliers)."""
+    g = 0.0123
+    return torch.tensor([g, ratio * g, g / 2])
+
+
+@pytest.mark.parametrize("dtype", [FP16, BF16])
+@pytest.mark.parametrize("ratio", [2.0, 0.5, 1e-3])
+def test_fused_shards_dense(m, monkeypatch, dtype, ratio):
+    _stub_kernels(m, monkeypatch)
+    n, k = sum(SHARDS), 256
+    layer = _linear(n, k, dtype, seed=11, scale_lo=0x30, scale_hi=0x5F)
+    layer.output_partition_sizes = list(SHARDS)
+    g = _shard_scales(ratio)
+    layer.weight_global_scale = torch.nn.Parameter(g.clone(), requires_grad=False)
+    s0 = layer.weight_scale.clone()
+    per_row = torch.cat([torch.full((n,), v) for n, v in zip(SHARDS, g.tolist(), strict=True)])
+
+    m.prepare_nvfp4_layer_for_marlin(layer)
+
+    rtol = 2.0**-11 if dtype == FP16 else 2.0**-8
+    if dtype == FP16:  # (bf16 may fold its small-scale rescale into it)
+        # the kernel applies the largest shard scale ...
+        kernel_g = _decode_16bit(layer.weight_global_scale.view(torch.int16), dtype)
+        assert kernel_g.item() * 2.0 ** (7 - BIAS[dtype]) == pytest.approx(g.max().item(), rel=rtol)
+    # ... and block scale * global * column scale is each shard's own S * g
+    col = layer.weight_output_scale
+    if dtype == FP16:  # powers of two are folded whole, the rest leaves [1, 2)
+        assert (col is None) == (ratio in (2.0, 0.5))
+        col = torch.ones(n) if col is None else col
+        assert bool(((col >= 1) & (col < 2)).all())
+    else:  # bf16: the column scale is the ratio to the largest shard scale
+        torch.testing.assert_close(col, per_row / g.max(), rtol=1e-6, atol=0)
+    assert col.dtype == torch.float32
+    got = _effective_scales(layer.weight_scale, layer.weight_global_scale, dtype)
+    got = got * col.double()[None, :]
+    expected = _marlin_scale_layout(s0.double()) * per_row.double()[None, :]
+    torch.testing.assert_close(got, expected, rtol=rtol, atol=0)
+
+
+def test_apply_scales_output_columns_before_bias(m, monkeypatch):
+    known = (torch.arange(3 * 128, dtype=torch.float32) % 13 - 6).view(3, 128).to(BF16)
+    monkeypatch.setattr(m, "gptq_marlin_gemm", _GemmStub(known), raising=False)
+    w = torch.zeros(8, 256, dtype=torch.int32)
+    s = torch.zeros(8, 128, dtype=torch.float8_e4m3fn)
+    col = torch.linspace(1.0, 1.99, 128)
+    bias = torch.linspace(-1, 1, 128).to(BF16)
+    args = (torch.zeros(3, 128, dtype=BF16), w, s, torch.ones(1, dtype=BF16))
+    out = m._apply_fp4_marlin_linear(
+        *args, torch.zeros(1, dtype=torch.int32), 128, 128, bias, output_scale=col
+    )
+    expected = (known.float() * col + bias.float()).to(BF16)
+    torch.testing.assert_close(out, expected, rtol=0, atol=0)
+
+
+@pytest.mark.parametrize(
+    "g, sizes, match",
+    [
+        (torch.tensor([1.0, 1e-4, 1.0]), SHARDS, r"ratio below 2\^-12"),  # fp16 only
+        (torch.tensor([1.0, 2.0]), SHARDS, r"one global scale per fused shard"),
+        (torch.tensor([1.0, 0.0, 1.0]), SHARDS, r"must be > 0"),
+    ],
+)
+def test_fused_shards_dense_refused(m, monkeypatch, g, sizes, match):
+    calls = _stub_kernels(m, monkeypatch)
+    layer = _linear(sum(SHARDS), 256, FP16, seed=3)
+    layer.output_partition_sizes = list(sizes)
+    layer.weight_global_scale = g
+    with pytest.raises(ValueError, match=match) as err:
+        m.prepare_nvfp4_layer_for_marlin(layer)
+    assert "global scales [" in str(err.value)  # names the scales
+    assert not calls
+
+
+@pytest.mark.parametrize("dtype", [FP16, BF16])
+def test_fused_shards_moe(m, monkeypatch, dtype):
+    e, hidden, inter = 2, 128, 64
+    _stub_kernels(m, monkeypatch)
+    layer = _moe(e, hidden, inter, dtype, seed=9)
+    # scales that leave bf16 room for the fold (see the flush warning test above)
+    layer.w13_weight_scale.data = _fp8_scales((e, 2 * inter, hidden // 16), 0x30, 0x5F, 9)
+    s13_0 = layer.w13_weight_scale.clone()
+    # expert 0: w3 = 2 * w1; expert 1: w3 = w1 / 4
+    g13 = torch.tensor([[0.01, 0.02], [0.04, 0.01]])
+    layer.w13_weight_scale_2 = torch.nn.Parameter(g13.clone())
+    layer.w2_weight_scale_2 = torch.nn.Parameter(torch.tensor([0.5, 0.25]))
+
+    m.prepare_moe_nvfp4_layer_for_marlin(layer)
+
+    rtol = 2.0**-11 if dtype == FP16 else 2.0**-8
+    block = _kernel_scale_decode(layer.w13_weight_scale, dtype)
+    glob = _decode_16bit(layer.w13_weight_scale_2.view(torch.int16), dtype)
+    for i in range(e):
+        per_row = torch.cat([torch.full((inter,), v) for v in g13[i].tolist()]).double()
+        got = block[i] * glob[i] * 2.0 ** -BIAS[dtype]
+        expected = _marlin_scale_layout(s13_0[i].double() * per_row[:, None])
+        torch.testing.assert_close(got, expected, rtol=rtol, atol=0)
 
 
 # --------------------------------------------------------------------------

@@ -53,6 +53,52 @@ def _numerics() -> dict[str, Any]:
             {"name": "torch_compile", "passed": True},
         ],
         "turing_ptx": {"status": "ran"},
+        "fused_shards": _fused_shards(),
+    }
+
+
+def _fused_shards() -> list[dict[str, Any]]:
+    cases: list[dict[str, Any]] = []
+    for path in report.DENSE_PATHS:
+        for layer in report.FUSED_LAYERS:
+            for dtype in report.DTYPES:
+                for ratio in report.FUSED_RATIOS:
+                    cases.append(
+                        {"path": path, "layer": layer, "dtype": dtype, "ratio": ratio,
+                         "outcome": "served", "m": 33, "n": 6144, "k": 4096, "rel_l2": 3e-3,
+                         "rel_l2_per_shard": [3e-3, 4e-3, 3e-3]}
+                    )  # fmt: skip
+    for path in report.MOE_PATHS:
+        for dtype in report.DTYPES:
+            cases.append(
+                {"path": path, "layer": "moe_w13", "dtype": dtype, "ratio": 2.0,
+                 "outcome": "served", "m": 33, "rel_l2": 5e-3}
+            )  # fmt: skip
+            cases.append(
+                {"path": path, "layer": "moe_w13", "dtype": dtype, "ratio": 3.0,
+                 "outcome": "refused",
+                 "error": "expert 0 (w1 global scale 0.0002, w3 global scale 0.0006): ..."}
+            )  # fmt: skip
+    return cases
+
+
+def _conformance() -> dict[str, Any]:
+    gptq = "sglang/jit_kernel/tests/test_gptq_marlin.py"
+    moe = "sglang/jit_kernel/tests/test_moe_wna16_marlin.py"
+    tests = [
+        {"id": f"{gptq}::{name}[{p}]", "status": "pass"}
+        for name in report.CONFORMANCE_REQUIRED
+        for p in ("dtype0", "dtype1")
+    ]
+    tests.append(
+        {"id": f"{moe}::test_fused_marlin_moe_nvfp4_non_gated_matches_dequant_reference",
+         "status": "not-applicable", "needs": "fused_marlin_moe(is_gated=, activation=)"}
+    )  # fmt: skip
+    return {
+        **META,
+        "upstream": {"version": "0.5.13", "wheel": "sglang-0.5.13-x.whl", "sha256": "9d" * 32},
+        "edits": [{"file": gptq, "line": 118, "kind": "skip", "removed": "@pytest.mark.skip"}],
+        "tests": tests,
     }
 
 
@@ -73,10 +119,18 @@ def _bench() -> dict[str, Any]:
 
 
 def _write(
-    tmp_path: Path, numerics: Any = None, bench: Any = None, turing: Any = "default"
+    tmp_path: Path,
+    numerics: Any = None,
+    bench: Any = None,
+    turing: Any = "default",
+    conformance: Any = "default",
 ) -> Path:
     (tmp_path / "numerics.json").write_text(json.dumps(numerics or _numerics()))
     (tmp_path / "bench.json").write_text(json.dumps(bench or _bench()))
+    if conformance == "default":
+        conformance = _conformance()
+    if conformance is not None:
+        (tmp_path / "conformance.json").write_text(json.dumps(conformance))
     if turing == "default":
         turing = _turing()
     if turing is not None:
@@ -258,3 +312,55 @@ def test_allow_none_passes_only_an_empty_report_dir(
     _write(tmp_path, bench={"rows": []})
     with pytest.raises(SeriesError):
         report._cmd_check(args)  # type: ignore[arg-type]
+
+
+def test_fused_shards_gated_per_shard(tmp_path: Path) -> None:
+    numerics = _numerics()
+    numerics["fused_shards"][0]["rel_l2_per_shard"][1] = 0.87  # a wrong shard hides in the whole
+    numerics["fused_shards"][1]["rel_l2"] = None
+    problems = report.check_report_dir(_write(tmp_path, numerics=numerics))
+    assert len(problems) == 2
+    assert "rel_l2_per_shard[1] 8.700e-01 > 1.0e-02" in problems[0]
+    assert "rel_l2 is None (run failed?)" in problems[1]
+
+
+def test_fused_shards_refusal_must_name_the_scales_and_coverage(tmp_path: Path) -> None:
+    numerics = _numerics()
+    refused = next(c for c in numerics["fused_shards"] if c["outcome"] == "refused")
+    refused["error"] = "ValueError"
+    numerics["fused_shards"] = [
+        c for c in numerics["fused_shards"] if not (c["layer"] == "qkv" and c["ratio"] == 1e-3)
+    ]
+    problems = report.check_report_dir(_write(tmp_path, numerics=numerics))
+    text = "\n".join(problems)
+    assert "a refusal must carry the error naming the global scales" in text
+    assert "no case for modelopt-dense qkv float16 ratio 0.001" in text
+    del numerics["fused_shards"]
+    problems = report.check_report_dir(_write(tmp_path, numerics=numerics))
+    assert problems == [
+        "numerics.json fused_shards: missing (the cases of tests/gpu/test_fused_shards.py)"
+    ]
+
+
+def test_conformance_required_tests_must_pass(tmp_path: Path) -> None:
+    conformance = _conformance()
+    conformance["tests"][2]["status"] = "fail"  # dense numerics, bf16
+    conformance["tests"][-1].pop("needs")
+    problems = report.check_report_dir(_write(tmp_path, conformance=conformance))
+    assert len(problems) == 2
+    assert "not-applicable without the feature it needs" in problems[0]
+    assert "test_nvfp4_marlin_dense_matches_dequant_reference does not pass" in problems[1]
+
+
+def test_conformance_schema_and_presence(tmp_path: Path) -> None:
+    problems = report.check_report_dir(_write(tmp_path, conformance=None))
+    assert len(problems) == 1 and "conformance.json: not found" in problems[0]
+    conformance = _conformance()
+    conformance["edits"] = []
+    conformance["tests"] = [t for t in conformance["tests"] if "support" not in t["id"]]
+    conformance["tests"][0]["status"] = "xfail"
+    problems = report.check_report_dir(_write(tmp_path, conformance=conformance))
+    text = "\n".join(problems)
+    assert "'edits' must list every mechanical edit" in text
+    assert "is not one of the three" in text
+    assert "test_nvfp4_marlin_support_and_scale_transforms_sm80_sm90 was not run" in text
