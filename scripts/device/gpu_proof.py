@@ -39,10 +39,14 @@ from fp4series.errors import SeriesError, run_reporting_errors  # noqa: E402
 START = time.time()
 WARM = [sys.executable, str(REPO / "tests" / "gpu" / "_jitenv.py"), "warm"]  # + one module spec
 PROBE = """import json, torch, tvm_ffi, sgl_kernel
-from sglang.srt.layers.quantization.marlin_utils_fp4 import is_fp4_marlin_supported as ok
+from sglang.srt.layers.quantization.marlin_utils_fp4 import check_fp4_marlin_supported as check
+try:
+    check(torch.float16, capability=(7, 5))
+    sm75 = True
+except ValueError:
+    sm75 = False
 print(json.dumps({"cuda": torch.cuda.is_available(), "sgl_kernel": sgl_kernel.__file__,
-                  "sm75": bool(ok(torch.float16, capability=(7, 5))),
-                  "tvm_ffi": tvm_ffi.__version__}))
+                  "sm75": sm75, "tvm_ffi": tvm_ffi.__version__}))
 """
 
 

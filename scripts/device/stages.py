@@ -10,6 +10,8 @@ build settings:
   unpatched  the patched tree with the pin's jit_kernel CUDA sources (the repro of patches 1-2)
   compute75  the patched tree, every module built as compute_75 PTX only (the SM75 path)
   upstream   upstream 0.5.23's tree (the benchmark's comparison column; only when given)
+The conformance stage runs upstream 0.5.13's own NVFP4 Marlin tests (tests/gpu/run_conformance.py);
+a bundle carries their wheel with ``--include WHEEL:wheels/WHEEL``.
 """
 
 from __future__ import annotations
@@ -33,7 +35,8 @@ def _modules(**variants: str) -> tuple[tuple[str, str], ...]:
     return tuple((v, spec) for v, specs in variants.items() for spec in specs.split())
 
 
-NUMERICS_TESTS = ("tests/gpu/test_marlin_numerics.py", "tests/gpu/test_tracing.py",
+NUMERICS_TESTS = ("tests/gpu/test_marlin_numerics.py", "tests/gpu/test_fused_shards.py",
+                  "tests/gpu/test_tracing.py",
                   "tests/gpu/test_kernel_repro.py::test_unpatched_templates_fail")  # fmt: skip
 MARLIN = "gptq_marlin:{0} moe_wna16_marlin:{0} repack act:{0}"
 
@@ -50,6 +53,12 @@ STAGES: dict[str, Stage] = {
             ),
         ),
         Stage(
+            "conformance",
+            ("tests/gpu/run_conformance.py", "--out", "{report_dir}/conformance.json"),
+            ("conformance.json",),
+            _modules(patched="gptq_marlin:bf16 gptq_marlin:fp16 repack"),
+        ),
+        Stage(
             "compute75",
             (*PYTEST, "tests/gpu/test_kernel_repro.py::test_turing_compute75_ptx"),
             ("turing_ptx.json",),
@@ -63,7 +72,7 @@ STAGES: dict[str, Stage] = {
         ),
     )
 }
-DEFAULT_STAGES = ("numerics", "compute75", "bench")
+DEFAULT_STAGES = ("numerics", "conformance", "compute75", "bench")
 
 
 def select(names: str) -> list[Stage]:

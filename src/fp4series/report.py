@@ -67,7 +67,7 @@ def series_revision(repo: Path | None = None) -> dict[str, str]:
     """``git describe`` of the project and the sha256 of ``patches/series`` + every patch it lists.
 
     Where the repository has no git metadata (a copied tree on a GPU machine) the value comes
-    from ``$FP4SERIES_SERIES_REVISION`` (JSON written by scripts/device/pack.sh).
+    from ``$FP4SERIES_SERIES_REVISION`` (JSON written by scripts/device/bundle.py).
     """
     env = os.environ.get(REVISION_ENV)
     if env:

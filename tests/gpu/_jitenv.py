@@ -11,7 +11,7 @@ SGLang builds a JIT module on its first call (``cache_once`` + tvm-ffi ``load_in
 tvm-ffi caches builds under ``$TVM_FFI_CACHE_DIR`` (default ``~/.cache/tvm-ffi``) keyed by a
 hash of the generated source (which holds absolute include paths) and flags.
 
-Usage as a script (one process per variant, run in parallel by scripts/device/device_run.py)::
+Usage as a script (one process per variant, run in parallel by scripts/device/gpu_proof.py)::
 
     python tests/gpu/_jitenv.py warm gptq_marlin:bf16 moe_wna16_marlin:fp16 repack act:bf16
 """

@@ -42,11 +42,22 @@ def _device_capability() -> str:
     return f"{major}.{minor}"
 
 
+def _bundled_wheel() -> Path | None:
+    """The upstream wheel a GPU bundle carries (make-bundle --include WHEEL:wheels/NAME), if any."""
+    extra = os.environ.get("FP4SERIES_BUNDLE_EXTRA")
+    if not extra:
+        return None
+    found = sorted((Path(extra) / "wheels").glob(f"sglang-{conformance.UPSTREAM_VERSION}-*.whl"))
+    return found[0] if found else None
+
+
 def run(args: argparse.Namespace) -> int:
     capability = _device_capability()
     workdir = Path(args.workdir or tempfile.mkdtemp(prefix="fp4series-conformance-"))
     tests_dir = workdir / "upstream"
-    extracted = conformance.extract_from_lock(tests_dir, wheel=args.wheel, cache_dir=args.cache_dir)
+    extracted = conformance.extract_from_lock(
+        tests_dir, wheel=args.wheel or _bundled_wheel(), cache_dir=args.cache_dir
+    )
     junit = workdir / "junit.xml"
     cmd = [
         sys.executable, "-m", "pytest", "-p", "no:cacheprovider", "-v", "-rA",
