@@ -12,7 +12,5 @@
 # `scripts/rebase-check.sh --help` prints the full description.
 set -euo pipefail
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
-PY="${FP4SERIES_PYTHON:-$ROOT/.work/venv/bin/python}"
-[ -x "$PY" ] || PY="$(command -v python3)"
-export PYTHONPATH="$ROOT/src${PYTHONPATH:+:$PYTHONPATH}"
+. "$ROOT/scripts/lib/python.sh"
 exec "$PY" -m fp4series rebase-check "$@"

@@ -5,9 +5,7 @@
 # prints which lines two patches both touch instead (python -m fp4series overlap).
 set -euo pipefail
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
-PY="${FP4SERIES_PYTHON:-$ROOT/.work/venv/bin/python}"
-[ -x "$PY" ] || PY="$(command -v python3)"
-export PYTHONPATH="$ROOT/src${PYTHONPATH:+:$PYTHONPATH}"
+. "$ROOT/scripts/lib/python.sh"
 if [ "${1:-}" = "--overlap" ]; then
   shift
   exec "$PY" -m fp4series overlap "$@"
