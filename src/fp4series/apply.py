@@ -103,7 +103,7 @@ class ApplyReport:
                     out.append("    " + fit.describe().replace("\n", "\n    "))
                 if r.detail and not bad:
                     out.append("    " + r.detail.replace("\n", "\n      "))
-        if not self.results:
+        if not self.results and not self.notes:
             out.append("  (the series is empty)")
         if self.check:
             out.append("--check: nothing was changed")
@@ -250,10 +250,13 @@ def apply_series(
         notes = [killed_before] if killed_before else []
         leftovers = co.remove_leftover_worktrees(repo)
         notes += [f"removed {p}, left by a killed apply" for p in leftovers]
-        recovered = co.recover(repo)
+        recovered, moved = co.recover(repo) or ("", False)
         notes += [recovered] if recovered else []
         for note in notes:
             progress.info(note)
+        if moved and gitops.is_dirty(repo):  # finished; the user's edits since then stay
+            head = gitops.head_sha(repo) or ""
+            return ApplyReport(Path(checkout), None, [], True, check, head, head, notes=notes)
         if (Path(repo.git_dir) / "index.lock").exists():
             raise co.stale_index_lock_error(repo)
         gitops.require_clean(repo)
@@ -269,7 +272,12 @@ def apply_series(
         ref = result_ref(branch)
         repo.git.update_ref("-m", "fp4series apply: result", ref, report.head_after)
         with progress.step(f"move {branch.removeprefix('refs/heads/')} to the result"):
-            why = co.install(repo, branch, head, report.head_after)
+            try:
+                why = co.install(repo, branch, head, report.head_after)
+            except BaseException:
+                if co.branch_tip(repo, branch) == head:  # not moved: nothing of ours stays
+                    repo.git.update_ref("-d", ref, report.head_after)
+                raise
         if why:
             report.kept = (ref, why)
             return report
@@ -316,6 +324,7 @@ def _build(
                 results.extend(PatchResult(p.name, "not-tried") for p in patches[i + 1 :])
                 break
         new_head = wt.head.commit.hexsha
+        co.pause("scratch")
     if not report.ok:  # the patches before the failing one were thrown away with the worktree
         for r in results[k:]:
             if r.status.startswith("applied"):

@@ -33,7 +33,8 @@ remove_leftover_worktrees(repo) -- scratch worktrees of killed applies (their ow
 
 pause(point) -- test hook: with FP4SERIES_PAUSE_AT=<point>[,<point>] and FP4SERIES_PAUSE_DIR=D,
     apply writes D/<point>.reached (its pid) and waits until D/<point>.release exists.
-    Points: applied, index-locked, worktree-updated, ref-moved.
+    Points: scratch (patches in, scratch worktree still there), applied (result ready, checkout
+    untouched), index-locked, worktree-updated, ref-moved (install's steps 1, 3, 4 done).
 """
 
 from __future__ import annotations
@@ -59,7 +60,7 @@ STATE_NAME = "fp4series-apply.json"
 PRIVATE_INDEX = "fp4series-index"
 INDEX_LOCK_MARK = b"fp4series apply"
 WORKTREE_PREFIX = "fp4series-apply-"
-PAUSE_POINTS = ("applied", "index-locked", "worktree-updated", "ref-moved")
+PAUSE_POINTS = ("scratch", "applied", "index-locked", "worktree-updated", "ref-moved")
 
 
 def pause(point: str) -> None:
@@ -272,13 +273,14 @@ def _release(repo: Repo) -> None:
     _state_path(repo).unlink(missing_ok=True)
 
 
-def recover(repo: Repo) -> str | None:
-    """Finish or undo an install that was interrupted; None when there was none (module doc)."""
+def recover(repo: Repo) -> tuple[str, bool] | None:
+    """Finish or undo an install that was interrupted: (what was done, whether the branch is now
+    at the killed run's result); None when there was nothing to do (module doc)."""
     state = _read_state(repo)
     if state is None:
         if index_lock_is_ours(repo):  # killed right after taking it: nothing else was done
             _index_lock(repo).unlink()
-            return "removed the index.lock a killed apply left; the checkout was not changed"
+            return "removed the index.lock a killed apply left; the checkout was not changed", False
         return None
     branch, old, new, step = state["branch"], state["old"], state["new"], state["step"]
     if step == "begin" or not index_lock_is_ours(repo):
@@ -290,11 +292,11 @@ def recover(repo: Repo) -> str | None:
         if private.exists():
             os.replace(private, Path(repo.git_dir) / "index")
         _release(repo)
-        return f"finished an apply that was killed: {branch} is at {new[:12]}"
+        return f"finished an apply that was killed: {branch} is at {new[:12]}", True
     if tip == old:
         _roll_back_worktree(repo, old, new)
         _release(repo)
-        return "rolled back an apply that was killed; the checkout is as it was before it"
+        return "rolled back an apply that was killed; the checkout is as it was before it", False
     raise SeriesError(
         f"an apply was killed while moving {branch} from {old[:12]} to {new[:12]}, and {branch} "
         f"is now {tip}; nothing was changed",
