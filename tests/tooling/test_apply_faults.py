@@ -20,7 +20,7 @@ from pathlib import Path
 import pytest
 from _fakepin import Env, edit, git, isolate_git, make_env, settle, tree_fingerprint
 
-from fp4series import checkout
+from fp4series import checkout, cli
 
 SRC = Path(__file__).resolve().parents[2] / "src"
 A_PY = "python/sglang/srt/a.py"
@@ -300,3 +300,124 @@ def test_sigterm_in_the_scratch_worktree_removes_it(env: Env, tmp_path: Path) ->
     assert rc == 130, out
     assert not owned[0].exists()
     assert_no_debris(co)
+
+
+# ------------------------------------------------------------------------- leftovers, bad input
+
+
+def cli_apply(env: Env, co: Path, capsys: pytest.CaptureFixture, *extra: str) -> tuple[int, str]:
+    argv = apply_cmd(env, co, *extra)[3:]
+    rc = cli.main(argv)
+    out, err = capsys.readouterr()
+    return rc, out + err
+
+
+def test_foreign_index_lock_is_refused_untouched(env: Env, capsys: pytest.CaptureFixture) -> None:
+    co = env.clone("co")
+    (co / ".git" / "index.lock").write_text("")
+    settle_before = tree_fingerprint(co)
+    rc, out = cli_apply(env, co, capsys)
+    assert rc == 1
+    assert f"{co / '.git' / 'index.lock'} exists" in out and "rm " in out
+    assert tree_fingerprint(co) == settle_before
+
+
+def test_index_lock_left_by_a_killed_apply_is_cleared(
+    env: Env, capsys: pytest.CaptureFixture
+) -> None:
+    co = env.clone("co")
+    (co / ".git" / "index.lock").write_bytes(checkout.INDEX_LOCK_MARK + b" pid 999999999\n")
+    rc, out = cli_apply(env, co, capsys)
+    assert rc == 0, out
+    assert "removed the index.lock a killed apply left" in out
+    assert series_on_top(co)
+    assert_no_debris(co)
+
+
+def test_lock_file_of_a_dead_apply_is_reported_and_taken(
+    env: Env, capsys: pytest.CaptureFixture
+) -> None:
+    co = env.clone("co")
+    (co / ".git" / checkout.LOCK_NAME).write_text('{"pid": 999999999, "time": "yesterday"}\n')
+    rc, out = cli_apply(env, co, capsys)
+    assert rc == 0, out
+    assert "previous apply (pid 999999999, started yesterday) was killed" in out
+    assert_no_debris(co)
+
+
+def test_patch_with_a_changed_line_is_refused_before_anything_changes(
+    env: Env, capsys: pytest.CaptureFixture
+) -> None:
+    co = env.clone("co")
+    settle(co)
+    before = tree_fingerprint(co)
+    patch = env.patches / "0002-return-two-and-add-new-module.patch"
+    patch.write_text(patch.read_text().replace("+    return 2\n", "+    return 3\n"))
+    rc, out = cli_apply(env, co, capsys)
+    assert rc == 1
+    assert "0002-return-two-and-add-new-module.patch" in out
+    assert "python/sglang/srt/b.py" in out and "post-image is blob" in out
+    assert tree_fingerprint(co) == before
+    assert_no_debris(co)
+
+
+# ------------------------------------------------------------------------------------- messages
+
+
+def test_failure_hint_keeps_the_series_recognisable(
+    env: Env, capsys: pytest.CaptureFixture
+) -> None:
+    co = env.clone("co")
+    edit(co, "python/sglang/srt/b.py", "    return 1\n", "    return 11\n")
+    git(co, "commit", "-qam", "conflicting change")
+    rc, out = cli_apply(env, co, capsys)
+    assert rc == 1
+    assert "am --3way --keep-cr --keep-non-patch" in out and "am -3 " not in out
+    assert "0001-change-value-ten.patch: would-apply\n" in out and " -> " not in out
+    assert "+ 1 commit(s) of yours on top of it" in out and "python/sglang/srt/b.py" in out
+
+
+@pytest.mark.parametrize(
+    ("operation", "abort"),
+    [
+        ("merge", "merge --abort"),
+        ("cherry-pick", "cherry-pick --abort"),
+        ("rebase", "rebase --abort"),
+    ],
+)
+def test_operation_in_progress_gets_its_own_abort_hint(
+    env: Env, capsys: pytest.CaptureFixture, operation: str, abort: str
+) -> None:
+    co = env.clone("co")
+    marker = {"merge": "MERGE_HEAD", "cherry-pick": "CHERRY_PICK_HEAD", "rebase": "rebase-merge"}
+    target = co / ".git" / marker[operation]
+    if operation == "rebase":
+        target.mkdir()
+    else:
+        target.write_text(git(co, "rev-parse", "HEAD"))
+    rc, out = cli_apply(env, co, capsys)
+    assert rc == 1
+    assert f"a {operation} is in progress" in out and f"git -C {co} {abort}" in out
+
+
+def test_detached_head_is_refused_but_check_works(env: Env, capsys: pytest.CaptureFixture) -> None:
+    co = env.clone("co")
+    git(co, "checkout", "-q", "--detach")
+    rc, out = cli_apply(env, co, capsys)
+    assert rc == 1 and "detached HEAD" in out and "switch -c" in out
+    rc, out = cli_apply(env, co, capsys, "--check")
+    assert rc == 0 and "--check: nothing was changed" in out
+
+
+def test_missing_gitpython_is_a_message(tmp_path: Path) -> None:
+    venv = tmp_path / "bare"
+    subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(venv)], check=True)
+    proc = subprocess.run(
+        [str(venv / "bin" / "python"), "-m", "fp4series", "apply", "--help"],
+        capture_output=True,
+        text=True,
+        env=proc_env(),
+        check=False,
+    )
+    assert proc.returncode == 1
+    assert "cannot import 'git' (gitpython)" in proc.stderr and "Traceback" not in proc.stderr
