@@ -8,7 +8,9 @@ point's marker file and releases it with another.
 
 from __future__ import annotations
 
+import contextlib
 import os
+import pwd
 import shutil
 import signal
 import subprocess
@@ -17,9 +19,13 @@ import tempfile
 import time
 from pathlib import Path
 
+import git as git_module
+import gitdb
 import pytest
+import smmap
 from _fakepin import Env, edit, git, isolate_git, make_env, settle, tree_fingerprint
 
+import fp4series
 from fp4series import checkout, cli
 
 SRC = Path(__file__).resolve().parents[2] / "src"
@@ -421,3 +427,99 @@ def test_missing_gitpython_is_a_message(tmp_path: Path) -> None:
     )
     assert proc.returncode == 1
     assert "cannot import 'git' (gitpython)" in proc.stderr and "Traceback" not in proc.stderr
+
+
+# ------------------------------------------------------------------------------ a hostile machine
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="mounting a small tmpfs needs root")
+def test_full_disk_is_a_message_and_changes_nothing(
+    env: Env, tmp_path: Path, capsys: pytest.CaptureFixture
+) -> None:
+    disk = tmp_path / "disk"
+    disk.mkdir()
+    mount = subprocess.run(
+        ["mount", "-t", "tmpfs", "-o", "size=2m", "tmpfs", str(disk)],
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+    if mount.returncode != 0:
+        pytest.skip(f"cannot mount a tmpfs here: {mount.stderr.strip()}")
+    try:
+        co = disk / "co"
+        git(tmp_path, "clone", "-q", str(env.pin), str(co))
+        git(co, "checkout", "-q", "-b", "work", "v0.5.11")
+        settle(co)
+        before = tree_fingerprint(co)
+        (disk / "reserve").write_bytes(b"\0" * 8192)  # two pages: room for apply's lock only
+        with (disk / "fill").open("wb") as fh, contextlib.suppress(OSError):
+            while True:
+                fh.write(b"\0" * 65536)
+        (disk / "reserve").unlink()
+        rc, out = cli_apply(env, co, capsys)
+        (disk / "fill").unlink()
+        assert rc == 1
+        assert "No space left on device" in out and "free space" in out
+        assert "the checkout was not changed" in out and "Traceback" not in out
+        assert tree_fingerprint(co) == before
+        assert_no_debris(co)
+    finally:
+        subprocess.run(["umount", str(disk)], check=False)
+
+
+def test_read_only_checkout_for_another_user_is_a_message(env: Env) -> None:
+    if os.geteuid() != 0 or not shutil.which("runuser"):
+        pytest.skip("needs root and runuser to act as an unprivileged user")
+    try:
+        pwd.getpwnam("nobody")
+    except KeyError:
+        pytest.skip("no user 'nobody' on this machine")
+    base = Path(tempfile.mkdtemp(prefix="fp4series-ro-"))  # tmp_path is private to root
+    try:
+        base.chmod(0o755)
+        co = base / "co"
+        git(base, "clone", "-q", str(env.pin), str(co))
+        git(co, "checkout", "-q", "-b", "work", "v0.5.11")
+        shutil.copytree(env.patches, base / "patches")
+        shutil.copy(env.lock.path, base / "upstream.lock")
+        settle(co)
+        site = base / "site"  # what the unprivileged python imports, readable by it
+        for module in (git_module, gitdb, smmap, fp4series):
+            shutil.copytree(Path(module.__file__).parent, site / module.__name__)
+        subprocess.run(["chmod", "-R", "a+rX,go-w", str(base)], check=True)
+        before = tree_fingerprint(co)
+        pythons = [os.path.realpath(getattr(sys, "_base_executable", sys.executable))]
+        pythons += [p for p in ("/usr/bin/python3.11", "/usr/local/bin/python3.11")]
+        as_nobody = {
+            **proc_env(),
+            "PYTHONPATH": str(site),
+            "GIT_CONFIG_GLOBAL": "/dev/null",
+            "GIT_CONFIG_COUNT": "1",
+            "GIT_CONFIG_KEY_0": "safe.directory",
+            "GIT_CONFIG_VALUE_0": "*",
+            "HOME": str(base),
+        }
+        cmd = [
+            "runuser", "-u", "nobody", "--", "PYTHON", "-m", "fp4series", "apply", str(co),
+            "--patches", str(base / "patches"), "--lock", str(base / "upstream.lock"),
+            "--cache-dir", str(base / "cache"),
+        ]  # fmt: skip
+        usable = [
+            py
+            for py in pythons
+            if subprocess.run(
+                [*cmd[:4], py, "-c", "import git, fp4series.cli"], env=as_nobody, check=False
+            ).returncode
+            == 0
+        ]
+        if not usable:
+            pytest.skip(f"user nobody can run none of {pythons} with gitpython")
+        cmd[4] = usable[0]
+        proc = subprocess.run(cmd, capture_output=True, text=True, env=as_nobody, check=False)
+        assert proc.returncode == 1, proc.stdout + proc.stderr
+        assert "Permission denied" in proc.stderr and "Traceback" not in proc.stderr
+        assert "the checkout was not changed" in proc.stderr
+        assert tree_fingerprint(co) == before
+    finally:
+        shutil.rmtree(base)
