@@ -10,6 +10,7 @@
 #   report            never fails; regenerate the baseline with
 #                     --policy report --json reports/rebase-check.json --md reports/rebase-check.md
 # `scripts/rebase-check.sh --help` prints the full description.
+# Python: $FP4SERIES_PYTHON, else .work/venv, else .work/tooling-venv (first use; lib/python.sh).
 set -euo pipefail
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 . "$ROOT/scripts/lib/python.sh"

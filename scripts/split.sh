@@ -3,6 +3,7 @@
 #   scripts/split.sh REPO [--base pin|VERSION|auto] [--patches P ...] [--run-tests]
 # Never pushes: prints the `git push` / `gh pr create` commands. `scripts/split.sh --overlap`
 # prints which lines two patches both touch instead (python -m fp4series overlap).
+# Python: $FP4SERIES_PYTHON, else .work/venv, else .work/tooling-venv (first use; lib/python.sh).
 set -euo pipefail
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 . "$ROOT/scripts/lib/python.sh"

@@ -397,7 +397,15 @@ def _cmd_apply(args: argparse.Namespace) -> int:
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
-    p = subparsers.add_parser("apply", help="apply patches/series to a checkout of the pin")
+    p = subparsers.add_parser(
+        "apply",
+        help="apply patches/series to a checkout of the pin",
+        description="Apply patches/series to CHECKOUT (a branch of the pin, clean tree) as one "
+        "commit per patch, or change nothing. One apply at a time per checkout "
+        "(.git/fp4series-apply.lock). The branch is moved only if the checkout is still as "
+        "apply found it; otherwise the series is left on refs/fp4series/applied/<branch> and "
+        "your work is untouched. After a kill, run it again: it finishes or rolls back.",
+    )
     p.add_argument("checkout", type=Path)
     p.add_argument("--check", action="store_true", help="report what would happen, change nothing")
     p.add_argument(
