@@ -385,13 +385,15 @@ def _cmd_apply(args: argparse.Namespace) -> int:
         )
     if not report.ok:
         failed = next(r for r in report.results if r.status == "failed")
-        am = "git am " + " ".join(a for a in AM_ARGS if a != "--quiet")
+        names = [r.name for r in report.results if r.status != "already-applied"]
+        upto = [str((args.patches / n).resolve()) for n in names[: names.index(failed.name) + 1]]
+        am = " ".join(a for a in AM_ARGS if a != "--quiet")
         raise SeriesError(
             f"{failed.name} does not apply to {where}; nothing was changed",
-            hint="rebase the patch: apply the series up to it, then "
-            f"git -C {where} {am} {(args.patches / failed.name).resolve()} (these flags keep the "
-            "subject and message so apply and export still recognise it), resolve, "
-            "git am --continue, and regenerate with scripts/export.sh",
+            hint=f"rebase the patch: git -C {where} am {am} {' '.join(upto)} (these flags keep "
+            "each subject and message, so apply and export still recognise the commits), "
+            f"resolve, git -C {where} am --continue, then regenerate patches/ with "
+            f"scripts/export.sh {where}",
         )
     return 0
 
