@@ -25,6 +25,7 @@ class SeriesError(Exception):
 # (text git or the OS prints, errno, hint)
 _MACHINE_FAILURES = (
     ("No space left on device", errno.ENOSPC, "free space on that disk, then run it again"),
+    ("Out of diskspace", errno.ENOSPC, "free space on that disk, then run it again"),
     ("Disk quota exceeded", errno.EDQUOT, "free space within your quota, then run it again"),
     (
         "Read-only file system",

@@ -51,7 +51,10 @@ def open_repo(path: Path | str) -> Repo:
 
 
 def status_lines(repo: Repo) -> list[str]:
-    out = repo.git.status("--porcelain=v1", "--untracked-files=all", "--ignore-submodules=none")
+    # --no-optional-locks: a status check must not rewrite the user's index (nor need the disk)
+    out = repo.git(no_optional_locks=True).status(
+        "--porcelain=v1", "--untracked-files=all", "--ignore-submodules=none"
+    )
     return [line for line in out.splitlines() if line]
 
 
@@ -122,8 +125,8 @@ def temp_worktree(repo: Repo, rev: str, parent: Path | None = None) -> Iterator[
     """A detached scratch work tree at REV; removed (and pruned) afterwards whatever happens."""
     parent = parent or Path(tempfile.mkdtemp(prefix="fp4series-wt-"))
     path = parent / "wt"
-    repo.git.worktree("add", "--detach", "--quiet", str(path), rev)
     try:
+        repo.git.worktree("add", "--detach", "--quiet", str(path), rev)
         yield Repo(path)
     finally:
         with suppress(git.GitCommandError):
