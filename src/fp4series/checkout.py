@@ -240,6 +240,8 @@ def install(repo: Repo, branch: str, old: str, new: str) -> str | None:
             _release(repo)
             return f"{branch} or HEAD moved while apply ran"
         shutil.copyfile(Path(repo.git_dir) / "index", Path(repo.git_dir) / PRIVATE_INDEX)
+        with suppress(git.GitCommandError):  # read-tree -m trusts stat data: refresh it first
+            repo.git.update_index("-q", "--refresh", env=_git_env(repo))
         _write_state(repo, branch=branch, old=old, new=new, step="worktree")
         try:
             repo.git.read_tree("-m", "-u", old, new, env=_git_env(repo))
