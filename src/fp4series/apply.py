@@ -174,17 +174,10 @@ def _pre_image_matches(wt: Repo, patch: Patch) -> set[str]:
     for change in patch.changes:
         if change.old_id is None:
             continue
-        have = checkout_blob(wt, "HEAD", change.old_path) if change.old_path else None
+        have = gitops.blob_id(wt, "HEAD", change.old_path) if change.old_path else None
         if have == (None if change.old_id == ZERO_ID else change.old_id):
             exact.add(change.path)
     return exact
-
-
-def checkout_blob(repo: Repo, rev: str, path: str) -> str | None:
-    try:
-        return repo.git.rev_parse("--verify", "-q", f"{rev}:{path}")
-    except git.GitCommandError:
-        return None
 
 
 def _apply_one(wt: Repo, patch: Patch, env: dict[str, str], check: bool) -> PatchResult:
@@ -274,10 +267,14 @@ def apply_series(
         with progress.step(f"move {branch.removeprefix('refs/heads/')} to the result"):
             try:
                 why = co.install(repo, branch, head, report.head_after)
-            except BaseException:
-                if co.branch_tip(repo, branch) == head:  # not moved: nothing of ours stays
+            except BaseException as exc:
+                tip = co.branch_tip(repo, branch)
+                if tip == head:  # not moved: nothing of ours stays
                     repo.git.update_ref("-d", ref, report.head_after)
-                raise
+                if tip != report.head_after or co.pending(repo):
+                    raise
+                why = None  # the branch had moved and install's recovery finished the rest
+                report.notes.append(f"finished the move after: {exc!r}")
         if why:
             report.kept = (ref, why)
             return report

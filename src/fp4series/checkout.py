@@ -53,6 +53,7 @@ from pathlib import Path
 import git
 from git import Repo
 
+from fp4series import gitops
 from fp4series.errors import SeriesError
 
 LOCK_NAME = "fp4series-apply.lock"
@@ -268,6 +269,11 @@ def install(repo: Repo, branch: str, old: str, new: str) -> str | None:
     return None
 
 
+def pending(repo: Repo) -> bool:
+    """Is an install unfinished (its state file still there)?"""
+    return _state_path(repo).exists()
+
+
 def _release(repo: Repo) -> None:
     (Path(repo.git_dir) / PRIVATE_INDEX).unlink(missing_ok=True)
     if index_lock_is_ours(repo):
@@ -315,7 +321,7 @@ def _roll_back_worktree(repo: Repo, old: str, new: str) -> None:
     foreign = []
     restore, remove = [], []
     for rel in changed:
-        was, will = _blob(repo, old, rel), _blob(repo, new, rel)
+        was, will = gitops.blob_id(repo, old, rel), gitops.blob_id(repo, new, rel)
         path = root / rel
         have = repo.git.hash_object("--", rel) if path.is_file() else None
         if have not in {was, will}:
@@ -335,13 +341,6 @@ def _roll_back_worktree(repo: Repo, old: str, new: str) -> None:
         repo.git.checkout_index("-f", "--", *restore)
     for rel in remove:
         (root / rel).unlink()
-
-
-def _blob(repo: Repo, rev: str, rel: str) -> str | None:
-    try:
-        return repo.git.rev_parse("--verify", "-q", f"{rev}:{rel}")
-    except git.GitCommandError:
-        return None
 
 
 # ------------------------------------------------------------------------------------ worktrees

@@ -11,6 +11,7 @@ Public API (stable):
     temp_worktree(repo, rev, parent=None) -> context manager yielding a Repo in a detached
         scratch worktree under PARENT (a new temporary directory by default), removed after
     is_ancestor(repo, ancestor, rev) -> bool
+    blob_id(repo, rev, path) -> str | None
     read_blob(repo, rev, path) -> bytes | None
     patch_id(repo, diff_text) -> str | None  `git patch-id --stable`
     commit_patch_id(repo, rev) -> str | None
@@ -141,6 +142,14 @@ def is_ancestor(repo: Repo, ancestor: str, rev: str = "HEAD") -> bool:
     except git.GitCommandError:
         return False
     return True
+
+
+def blob_id(repo: Repo, rev: str, path: str) -> str | None:
+    """The blob id of PATH at REV, or None when it does not exist there."""
+    try:
+        return repo.git.rev_parse("--verify", "-q", f"{rev}:{path}")
+    except git.GitCommandError:
+        return None
 
 
 def read_blob(repo: Repo, rev: str, path: str) -> bytes | None:
