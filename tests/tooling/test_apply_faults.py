@@ -486,11 +486,11 @@ def test_read_only_checkout_for_another_user_is_a_message(env: Env) -> None:
         git(co, "checkout", "-q", "-b", "work", "v0.5.11")
         shutil.copytree(env.patches, base / "patches")
         shutil.copy(env.lock.path, base / "upstream.lock")
-        settle(co)
         site = base / "site"  # what the unprivileged python imports, readable by it
         for module in (git_module, gitdb, smmap, fp4series):
             shutil.copytree(Path(module.__file__).parent, site / module.__name__)
         subprocess.run(["chmod", "-R", "a+rX,go-w", str(base)], check=True)
+        settle(co)  # chmod changed every ctime: refresh the index once, before the snapshot
         before = tree_fingerprint(co)
         pythons = [os.path.realpath(getattr(sys, "_base_executable", sys.executable))]
         pythons += [p for p in ("/usr/bin/python3.11", "/usr/local/bin/python3.11")]
