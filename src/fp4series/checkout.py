@@ -29,7 +29,8 @@ recover(repo) -- run by every apply (under the lock) before it looks at the chec
     did. It refuses, naming the files, when the checkout changed in a way it cannot prove safe.
 
 remove_leftover_worktrees(repo) -- scratch worktrees of killed applies (their owner pid is dead)
-    are removed and ``git worktree prune`` is run.
+    are removed, ``git worktree prune`` is run, and dead applies' scratch directories in the
+    temporary directory are removed too.
 
 pause(point) -- test hook: with FP4SERIES_PAUSE_AT=<point>[,<point>] and FP4SERIES_PAUSE_DIR=D,
     apply writes D/<point>.reached (its pid) and waits until D/<point>.release exists.
@@ -367,6 +368,10 @@ def remove_leftover_worktrees(repo: Repo) -> list[str]:
         shutil.rmtree(parent, ignore_errors=True)
         removed.append(str(path))
     repo.git.worktree("prune")
+    for owner in Path(tempfile.gettempdir()).glob(f"{WORKTREE_PREFIX}*/owner"):
+        if not _owner_alive(owner.parent):  # registration already pruned, directory left
+            shutil.rmtree(owner.parent, ignore_errors=True)
+            removed.append(str(owner.parent / "wt"))
     return removed
 
 

@@ -45,9 +45,9 @@ def _missing_dependency(module: str) -> SeriesError:
     package = {"git": "gitpython"}.get(module, module)
     return SeriesError(
         f"{sys.executable} cannot import {module!r} ({package}), which fp4series needs",
-        hint="run it through scripts/*.sh (they create .work/tooling-venv on first use), or "
-        f"pip install -r requirements/scripts.txt -c requirements/constraints.txt into "
-        f"{sys.executable}'s environment",
+        hint="use scripts/*.sh, which make .work/tooling-venv on first use; if this python is "
+        ".work/venv, finish it with scripts/setup-venv.sh (or remove it); otherwise "
+        "pip install -r requirements/scripts.txt -c requirements/constraints.txt",
     )
 
 

@@ -526,3 +526,15 @@ def test_read_only_checkout_for_another_user_is_a_message(env: Env) -> None:
         assert tree_fingerprint(co) == before
     finally:
         shutil.rmtree(base)
+
+
+def test_scratch_directory_of_a_dead_apply_is_removed_even_when_unregistered(
+    env: Env, capsys: pytest.CaptureFixture
+) -> None:
+    co = env.clone("co")
+    left = checkout.new_worktree_dir()
+    (left / "owner").write_text("999999999\n")  # a dead apply's, its worktree already pruned
+    (left / "wt").mkdir()
+    rc, out = cli_apply(env, co, capsys)
+    assert rc == 0, out
+    assert not left.exists() and f"removed {left / 'wt'}" in out
