@@ -10,9 +10,8 @@
 #   report            never fails; regenerate the baseline with
 #                     --policy report --json reports/rebase-check.json --md reports/rebase-check.md
 # `scripts/rebase-check.sh --help` prints the full description.
+# Python: $FP4SERIES_PYTHON, else .work/venv, else .work/tooling-venv (first use; lib/python.sh).
 set -euo pipefail
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
-PY="${FP4SERIES_PYTHON:-$ROOT/.work/venv/bin/python}"
-[ -x "$PY" ] || PY="$(command -v python3)"
-export PYTHONPATH="$ROOT/src${PYTHONPATH:+:$PYTHONPATH}"
+. "$ROOT/scripts/lib/python.sh"
 exec "$PY" -m fp4series rebase-check "$@"

@@ -3,11 +3,10 @@
 #   scripts/split.sh REPO [--base pin|VERSION|auto] [--patches P ...] [--run-tests]
 # Never pushes: prints the `git push` / `gh pr create` commands. `scripts/split.sh --overlap`
 # prints which lines two patches both touch instead (python -m fp4series overlap).
+# Python: $FP4SERIES_PYTHON, else .work/venv, else .work/tooling-venv (first use; lib/python.sh).
 set -euo pipefail
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
-PY="${FP4SERIES_PYTHON:-$ROOT/.work/venv/bin/python}"
-[ -x "$PY" ] || PY="$(command -v python3)"
-export PYTHONPATH="$ROOT/src${PYTHONPATH:+:$PYTHONPATH}"
+. "$ROOT/scripts/lib/python.sh"
 if [ "${1:-}" = "--overlap" ]; then
   shift
   exec "$PY" -m fp4series overlap "$@"

@@ -1,41 +1,59 @@
 """Apply the series to a checkout atomically: all patches as commits, or nothing changed at all.
 
 The patches are applied with `git am --3way --keep-cr --keep-non-patch` (author, subject and
-message kept; never fuzz) in a scratch worktree of the checkout; only when every patch went in is
-the checkout's HEAD fast-forwarded to the result. So a failing patch, a refusal or --check leave
-HEAD, index and work tree untouched (checked against a snapshot and restored if ever needed).
+message kept; never fuzz) in a scratch worktree of the checkout, and every file a patch writes is
+checked against the post-image blob id its header names (a truncated or edited patch is refused).
+Only when every patch went in is the checkout moved to the result, by checkout.install: a
+compare-and-swap that never resets, cleans or overwrites anything the user has (see checkout.py
+for the lock, the step order and the recovery of a killed run). When the checkout moved on while
+apply ran, the result is left on refs/fp4series/applied/<branch> and the report says how to take
+it. A failing patch, a refusal or --check change nothing at all.
 
 Public API (stable):
     apply_series(checkout, patches, *, check=False, allow_base_mismatch=False, lock=None,
                  cache_dir=None, progress=None) -> ApplyReport
-        Refuses (SeriesError, nothing changed): not a repo, dirty tree (untracked files too),
-        an am/rebase/merge in progress, detached HEAD at an unknown base, base mismatch.
-        Returns a report; report.ok is False when a patch failed (then nothing changed).
-    ApplyReport: checkout, base, results, changed, check, head_before, head_after, ok, format()
+        Refuses (SeriesError, nothing changed): not a repo, another apply running, dirty tree
+        (untracked files too), an am/rebase/merge/cherry-pick in progress, detached HEAD (unless
+        check), base mismatch, a patch whose result differs from its blob ids.
+        Returns a report; report.ok is False when a patch failed (then nothing changed);
+        report.kept is set when the checkout moved on meanwhile (nothing changed either).
+    ApplyReport: checkout, base, results, changed, check, head_before, head_after, ok, kept,
+                 base_note, notes, format()
     PatchResult: name, status, commit, detail, fits (hunks.HunkFit of a failed patch)
         status: "applied" | "applied-3way" | "would-apply" | "would-apply-3way" |
                 "already-applied" | "failed" | "not-tried"
+    result_ref(branch) -> str    refs/fp4series/applied/<branch name>
 CLI: apply [--check] [--allow-base-mismatch] CHECKOUT
 """
 
 from __future__ import annotations
 
 import argparse
+import signal
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import git
 from git import Repo
 
+from fp4series import checkout as co
 from fp4series import gitops, paths
-from fp4series.errors import SeriesError
+from fp4series.blobs import blob_mismatches
+from fp4series.errors import SeriesError, as_series_error, machine_hint
 from fp4series.hunks import HunkFit, locate_patch
 from fp4series.lock import Lock, load_lock
 from fp4series.progress import Progress
-from fp4series.series import Patch, load_series
+from fp4series.series import ZERO_ID, Patch, load_series
 from fp4series.verify import Base, find_base
 
 AM_ARGS = ("--3way", "--keep-cr", "--keep-non-patch", "--quiet")
+RESULT_REF_PREFIX = "refs/fp4series/applied/"
+
+
+def result_ref(branch: str) -> str:
+    return RESULT_REF_PREFIX + branch.removeprefix("refs/heads/")
 
 
 @dataclass
@@ -56,6 +74,9 @@ class ApplyReport:
     check: bool
     head_before: str
     head_after: str
+    kept: tuple[str, str] | None = None  # (result ref, why the checkout was not moved)
+    base_note: str = ""  # what sits between the base and HEAD, when anything does
+    notes: list[str] = field(default_factory=list)  # recovery of an earlier killed run
 
     @property
     def ok(self) -> bool:
@@ -66,9 +87,11 @@ class ApplyReport:
         return all(r.status == "already-applied" for r in self.results)
 
     def format(self) -> str:
-        out = []
+        out = [f"note: {n}" for n in self.notes]
         if self.base is not None:
             out.append(f"base: {self.base.commit[:12]} ({self.base.detail})")
+            if self.base_note:
+                out.append(f"      {self.base_note}")
         for r in self.results:
             line = f"  {r.name}: {r.status}"
             if r.commit:
@@ -79,13 +102,20 @@ class ApplyReport:
                 for fit in bad:
                     out.append("    " + fit.describe().replace("\n", "\n    "))
                 if r.detail and not bad:
-                    out.append("    git am said: " + r.detail.replace("\n", "\n      "))
-        if not self.results:
+                    out.append("    " + r.detail.replace("\n", "\n      "))
+        if not self.results and not self.notes:
             out.append("  (the series is empty)")
         if self.check:
             out.append("--check: nothing was changed")
         elif not self.ok:
-            out.append(f"nothing was changed: HEAD is still {self.head_before[:12]}")
+            out.append(
+                f"nothing was changed: HEAD is still {self.head_before[:12]} (the patches "
+                "before the failing one would apply; none was kept)"
+            )
+        elif self.kept:
+            ref, why = self.kept
+            out.append(f"nothing was changed: {why}")
+            out.append(f"the applied series is kept on {ref} ({self.head_after[:12]})")
         elif self.already_applied and self.results:
             out.append("the series is already applied; nothing was changed")
         return "\n".join(out)
@@ -122,7 +152,36 @@ def _already_applied(repo: Repo, base: Base, patches: list[Patch]) -> tuple[int,
     return k, results
 
 
+def _describe_base(repo: Repo, base: Base, k: int) -> str:
+    """Say what lies between the base and the series, so "base: <tag>" is never half true."""
+    below = f"HEAD~{k}"
+    extra = int(repo.git.rev_list("--count", f"{base.commit}..{below}"))
+    if extra == 0:
+        return ""
+    files = repo.git.diff("--name-only", base.commit, below).splitlines()
+    shown = ", ".join(files[:5]) + (f" and {len(files) - 5} more" if len(files) > 5 else "")
+    return (
+        f"+ {extra} commit(s) of yours on top of it, changing {len(files)} file(s)"
+        + (f": {shown}" if files else "")
+        + "; the series goes on top of those"
+    )
+
+
+def _pre_image_matches(wt: Repo, patch: Patch) -> set[str]:
+    """Files of PATCH whose current blob is the pre-image its header names: for those, git must
+    produce exactly the post-image id (elsewhere a 3-way merge may legitimately differ)."""
+    exact = set()
+    for change in patch.changes:
+        if change.old_id is None:
+            continue
+        have = gitops.blob_id(wt, "HEAD", change.old_path) if change.old_path else None
+        if have == (None if change.old_id == ZERO_ID else change.old_id):
+            exact.add(change.path)
+    return exact
+
+
 def _apply_one(wt: Repo, patch: Patch, env: dict[str, str], check: bool) -> PatchResult:
+    exact = _pre_image_matches(wt, patch)
     try:
         wt.git.apply("--check", str(patch.path.resolve()))
         clean = True
@@ -131,13 +190,39 @@ def _apply_one(wt: Repo, patch: Patch, env: dict[str, str], check: bool) -> Patc
     try:
         wt.git.am(*AM_ARGS, str(patch.path.resolve()), env=env)
     except git.GitCommandError as exc:
+        detail = (exc.stderr or exc.stdout or str(exc)).strip()
+        if machine_hint(detail):  # the disk, not the patch: say so
+            raise
         fits = locate_patch(patch, lambda p: gitops.read_blob(wt, "HEAD", p))
         if gitops.operation_in_progress(wt) == "git am":
             wt.git.am("--abort")
-        detail = (exc.stderr or exc.stdout or str(exc)).strip()
-        return PatchResult(patch.name, "failed", detail=detail, fits=fits)
+        return PatchResult(patch.name, "failed", detail="git am said: " + detail, fits=fits)
+    wrong = [m for m in blob_mismatches(wt, "HEAD", patch) if m.file in exact]
+    if wrong:
+        raise SeriesError(
+            f"{patch.name} does not produce the files its header names (truncated or edited "
+            "patch?); nothing was changed:\n" + "\n".join(f"  {m.describe()}" for m in wrong),
+            hint=f"restore {patch.path} from git (git checkout -- {patch.path}) or "
+            "regenerate it with scripts/export.sh",
+        )
     status = ("would-apply" if check else "applied") + ("" if clean else "-3way")
     return PatchResult(patch.name, status, None if check else wt.head.commit.hexsha)
+
+
+def _branch(repo: Repo, check: bool) -> str | None:
+    """The checked-out branch apply will move; detached HEAD is refused (commits on no branch
+    are easily lost), except for --check, which changes nothing."""
+    try:
+        return repo.git.symbolic_ref("-q", "HEAD")
+    except git.GitCommandError:
+        if check:
+            return None
+        where = repo.working_tree_dir
+        raise SeriesError(
+            f"{where}: detached HEAD at {gitops.head_sha(repo)}; apply adds commits only to a "
+            "branch (commits on no branch are easily lost), so nothing was changed",
+            hint=f"create a branch where you are (git -C {where} switch -c work) and run again",
+        ) from None
 
 
 def apply_series(
@@ -153,10 +238,62 @@ def apply_series(
     """Apply PATCHES in order as commits on CHECKOUT, or change nothing (see module doc)."""
     progress = progress or Progress()
     repo = gitops.open_repo(checkout)
-    gitops.require_clean(repo)
     lock = lock or load_lock(paths.default_lock_path())
-    state = gitops.RepoState.snapshot(repo)
-    assert state.head is not None
+    with co.apply_lock(repo) as killed_before:
+        notes = [killed_before] if killed_before else []
+        leftovers = co.remove_leftover_worktrees(repo)
+        notes += [f"removed {p}, left by a killed apply" for p in leftovers]
+        recovered, moved = co.recover(repo) or ("", False)
+        notes += [recovered] if recovered else []
+        for note in notes:
+            progress.info(note)
+        if moved and gitops.is_dirty(repo):  # finished; the user's edits since then stay
+            head = gitops.head_sha(repo) or ""
+            return ApplyReport(Path(checkout), None, [], True, check, head, head, notes=notes)
+        if (Path(repo.git_dir) / "index.lock").exists():
+            raise co.stale_index_lock_error(repo)
+        gitops.require_clean(repo)
+        branch = _branch(repo, check)
+        head = gitops.head_sha(repo)
+        assert head is not None
+        report = _build(repo, patches, head, check, allow_base_mismatch, lock, cache_dir, progress)
+        report.checkout, report.notes = Path(checkout), notes
+        if check or not report.ok or report.head_after == head:
+            return report
+        assert branch is not None
+        co.pause("applied")
+        ref = result_ref(branch)
+        repo.git.update_ref("-m", "fp4series apply: result", ref, report.head_after)
+        with progress.step(f"move {branch.removeprefix('refs/heads/')} to the result"):
+            try:
+                why = co.install(repo, branch, head, report.head_after)
+            except BaseException as exc:
+                tip = co.branch_tip(repo, branch)
+                if tip == head:  # not moved: nothing of ours stays
+                    repo.git.update_ref("-d", ref, report.head_after)
+                if tip != report.head_after or co.pending(repo):
+                    raise
+                why = None  # the branch had moved and install's recovery finished the rest
+                report.notes.append(f"finished the move after: {exc!r}")
+        if why:
+            report.kept = (ref, why)
+            return report
+        repo.git.update_ref("-d", ref, report.head_after)
+        report.changed = True
+        return report
+
+
+def _build(
+    repo: Repo,
+    patches: list[Patch],
+    head: str,
+    check: bool,
+    allow_base_mismatch: bool,
+    lock: Lock,
+    cache_dir: Path | None,
+    progress: Progress,
+) -> ApplyReport:
+    """Find the base, apply what is missing in a scratch worktree; the checkout is not touched."""
     with progress.step("verify the base"):
         base = find_base(
             repo,
@@ -167,64 +304,107 @@ def apply_series(
             progress=progress,
         )
         progress.info(base.detail)
-    if repo.head.is_detached and base.how == "mismatch-allowed":
-        raise SeriesError(
-            f"{checkout}: detached HEAD at an unknown base",
-            hint="create a branch first (git switch -c work) so the series commits are kept",
-        )
     k, results = _already_applied(repo, base, patches)
-    report = ApplyReport(Path(checkout), base, results, False, check, state.head, state.head)
+    report = ApplyReport(Path("."), base, results, False, check, head, head)
+    report.base_note = _describe_base(repo, base, k)
     if k == len(patches):
         return report
     env = gitops.committer_env(repo)
-    with progress.step(f"{'check' if check else 'apply'} {len(patches) - k} patch(es)"):
-        with gitops.temp_worktree(repo, state.head) as wt:
-            for i, patch in enumerate(patches[k:], start=k):
-                result = _apply_one(wt, patch, env, check)
-                results.append(result)
-                progress.info(f"{patch.name}: {result.status}")
-                if result.status == "failed":
-                    progress.info("stopped; the checkout is left as it was")
-                    results.extend(PatchResult(p.name, "not-tried") for p in patches[i + 1 :])
-                    break
-            new_head = wt.head.commit.hexsha
-        if gitops.RepoState.snapshot(repo) != state:
-            state.restore(repo)
-        if check or not report.ok:
-            return report
-        try:
-            repo.git.merge("--ff-only", "-q", new_head)
-        except BaseException:
-            state.restore(repo)
-            raise
-    report.changed, report.head_after = True, new_head
+    step = f"{'check' if check else 'apply'} {len(patches) - k} patch(es)"
+    with progress.step(step), gitops.temp_worktree(repo, head, co.new_worktree_dir()) as wt:
+        for i, patch in enumerate(patches[k:], start=k):
+            result = _apply_one(wt, patch, env, check)
+            results.append(result)
+            progress.info(f"{patch.name}: {result.status}")
+            if result.status == "failed":
+                progress.info("stopped; the checkout is left as it was")
+                results.extend(PatchResult(p.name, "not-tried") for p in patches[i + 1 :])
+                break
+        new_head = wt.head.commit.hexsha
+        co.pause("scratch")
+    if not report.ok:  # the patches before the failing one were thrown away with the worktree
+        for r in results[k:]:
+            if r.status.startswith("applied"):
+                r.status, r.commit = r.status.replace("applied", "would-apply"), None
+    elif not check:
+        report.head_after = new_head
     return report
+
+
+@contextmanager
+def _terminate_cleanly() -> Iterator[None]:
+    """SIGTERM/SIGHUP unwind like Ctrl-C, so scratch worktrees and locks are released."""
+
+    def stop(signum: int, _frame: object) -> None:
+        raise KeyboardInterrupt(f"signal {signum}")
+
+    previous = {s: signal.signal(s, stop) for s in (signal.SIGTERM, signal.SIGHUP)}
+    try:
+        yield
+    finally:
+        for s, handler in previous.items():
+            signal.signal(s, handler)
 
 
 def _cmd_apply(args: argparse.Namespace) -> int:
     patches = load_series(args.patches)
-    report = apply_series(
-        args.checkout,
-        patches,
-        check=args.check,
-        allow_base_mismatch=args.allow_base_mismatch,
-        lock=load_lock(args.lock),
-        cache_dir=args.cache_dir,
-    )
+    try:
+        with _terminate_cleanly():
+            report = apply_series(
+                args.checkout,
+                patches,
+                check=args.check,
+                allow_base_mismatch=args.allow_base_mismatch,
+                lock=load_lock(args.lock),
+                cache_dir=args.cache_dir,
+            )
+    except (OSError, git.GitCommandError) as exc:
+        error = as_series_error(exc)
+        assert error is not None
+        raise SeriesError(f"{error}; the checkout was not changed", hint=error.hint) from None
+    except KeyboardInterrupt:
+        error = SeriesError(
+            "apply was interrupted; the checkout is as it was (or, if it was already moving the "
+            "branch, fully applied)",
+            hint=f"run scripts/apply.sh {args.checkout} again: it finishes or says what is left",
+        )
+        error.exit_code = 130
+        raise error from None
     print(report.format())
+    where = args.checkout
+    if report.kept:
+        ref, _why = report.kept
+        raise SeriesError(
+            f"the checkout changed while apply ran; your work is as you left it and the series "
+            f"is on {ref}",
+            hint=f"to take it: commit or stash your changes, then "
+            f"git -C {where} merge --ff-only {ref} (or rerun scripts/apply.sh {where})",
+        )
     if not report.ok:
         failed = next(r for r in report.results if r.status == "failed")
+        names = [r.name for r in report.results if r.status != "already-applied"]
+        upto = [str((args.patches / n).resolve()) for n in names[: names.index(failed.name) + 1]]
+        am = " ".join(a for a in AM_ARGS if a != "--quiet")
         raise SeriesError(
-            f"{failed.name} does not apply to {args.checkout}; nothing was changed",
-            hint="rebase the patch: apply the series up to it, then "
-            f"git -C {args.checkout} am -3 {args.patches / failed.name}, resolve, "
-            "git am --continue, and regenerate with scripts/export.sh",
+            f"{failed.name} does not apply to {where}; nothing was changed",
+            hint=f"rebase the patch: git -C {where} am {am} {' '.join(upto)} (these flags keep "
+            "each subject and message, so apply and export still recognise the commits), "
+            f"resolve, git -C {where} am --continue, then regenerate patches/ with "
+            f"scripts/export.sh {where}",
         )
     return 0
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
-    p = subparsers.add_parser("apply", help="apply patches/series to a checkout of the pin")
+    p = subparsers.add_parser(
+        "apply",
+        help="apply patches/series to a checkout of the pin",
+        description="Apply patches/series to CHECKOUT (a branch of the pin, clean tree) as one "
+        "commit per patch, or change nothing. One apply at a time per checkout "
+        "(.git/fp4series-apply.lock). The branch is moved only if the checkout is still as "
+        "apply found it; otherwise the series is left on refs/fp4series/applied/<branch> and "
+        "your work is untouched. After a kill, run it again: it finishes or rolls back.",
+    )
     p.add_argument("checkout", type=Path)
     p.add_argument("--check", action="store_true", help="report what would happen, change nothing")
     p.add_argument(

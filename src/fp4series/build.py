@@ -38,6 +38,8 @@ PIN_WHEEL = "sglang-0.5.11-cp311-cp311-manylinux_2_34_x86_64.whl"
 EXTRA_WHEEL_DIRS = (Path("/work/wt/wheels"),)
 LOCAL_VERSION_PREFIX = "nvfp4marlin"
 REQUIREMENT_FILES = ("requirements/cpu-test.txt", "requirements/constraints.txt")
+# scripts/*.sh need only gitpython: a fresh clone gets it in seconds, without the test venv
+TOOLING_REQUIREMENT_FILES = ("requirements/scripts.txt", "requirements/constraints.txt")
 VENV_STAMP = ".fp4series-requirements.sha256"
 WHEEL_STAMP = ".fp4series-wheel.sha256"
 
@@ -289,9 +291,17 @@ def venv_site_packages(venv: Path) -> Path:
     return found[0]
 
 
-def ensure_venv(venv: Path, root: Path, *, base_python: str | None = None) -> str:
-    """Create/refresh the test venv; skip pip when the requirements' hash is unchanged."""
-    reqs = [root / r for r in REQUIREMENT_FILES]
+def ensure_venv(
+    venv: Path,
+    root: Path,
+    *,
+    base_python: str | None = None,
+    requirements: Sequence[str] = REQUIREMENT_FILES,
+) -> str:
+    """Create/refresh a venv from REQUIREMENTS (file, constraints); skip pip when their hash is
+    unchanged. The test venv by default; the scripts' small tooling venv with
+    TOOLING_REQUIREMENT_FILES."""
+    reqs = [root / r for r in requirements]
     missing = [str(r) for r in reqs if not r.is_file()]
     if missing:
         raise SeriesError(f"missing requirement file(s): {', '.join(missing)}")
@@ -314,7 +324,7 @@ def ensure_venv(venv: Path, root: Path, *, base_python: str | None = None) -> st
     proc = subprocess.run(cmd, check=False)
     if proc.returncode != 0:
         raise SeriesError(
-            f"pip could not install the test requirements into {venv} (exit {proc.returncode})",
+            f"pip could not install {reqs[0].name} into {venv} (exit {proc.returncode})",
             hint="read pip's message above; on a network failure re-run (pip resumes from cache)",
         )
     _link_tooling(venv, root)
@@ -554,6 +564,28 @@ def _cmd_venv(args: argparse.Namespace) -> int:
     return 0
 
 
+def tooling_venv_current(root: Path) -> bool:
+    """Is .work/tooling-venv there with the current requirements (no output, no pip)?"""
+    venv = root / ".work" / "tooling-venv"
+    reqs = [root / r for r in TOOLING_REQUIREMENT_FILES]
+    if not venv_python(venv).exists() or not all(r.is_file() for r in reqs):
+        return False
+    key = inputs_hash(reqs, [sys.version.split()[0], platform.machine()])
+    return stamp_matches(venv / VENV_STAMP, key)
+
+
+def _cmd_tooling_venv(args: argparse.Namespace) -> int:
+    """What scripts/lib/python.sh runs: silent when current, else create it with progress."""
+    root = project_root()
+    if tooling_venv_current(root):
+        return 0
+    venv = root / ".work" / "tooling-venv"
+    steps = Steps(prefix="tooling")
+    with steps.step(f"{venv}: gitpython for scripts/*.sh (first use; needs PyPI)") as note:
+        note.append(ensure_venv(venv, root, requirements=TOOLING_REQUIREMENT_FILES))
+    return 0
+
+
 def _cmd_checkout(args: argparse.Namespace) -> int:
     print(prepare_checkout(project_root(), fresh=args.fresh))
     return 0
@@ -596,6 +628,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     v = sub.add_parser("venv")
     v.add_argument("--python")
     v.set_defaults(func=_cmd_venv)
+    t = sub.add_parser("tooling-venv", help="create .work/tooling-venv unless it is current")
+    t.set_defaults(func=_cmd_tooling_venv)
     args = parser.parse_args(argv)
     return run_reporting_errors(args.func, args)
 

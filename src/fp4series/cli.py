@@ -11,7 +11,7 @@ import importlib
 import sys
 from collections.abc import Sequence
 
-from fp4series.errors import run_reporting_errors
+from fp4series.errors import SeriesError, report, run_reporting_errors
 
 COMMAND_MODULES = (
     "fp4series.upstream",  # fetch / materialize / resolve-commit
@@ -36,13 +36,30 @@ def build_parser() -> argparse.ArgumentParser:
         except ModuleNotFoundError as exc:
             if exc.name == name:  # module not written yet
                 continue
+            if exc.name and not exc.name.startswith("fp4series"):
+                raise _missing_dependency(exc.name) from None
             raise
         module.register(subparsers)
     return parser
 
 
+def _missing_dependency(module: str) -> SeriesError:
+    package = {"git": "gitpython"}.get(module, module)
+    return SeriesError(
+        f"{sys.executable} cannot import {module!r} ({package}), which fp4series needs",
+        hint="use scripts/*.sh, which make .work/tooling-venv on first use; if this python is "
+        ".work/venv, finish it with scripts/setup-venv.sh (or remove it); otherwise "
+        "pip install -r requirements/scripts.txt -c requirements/constraints.txt",
+    )
+
+
 def main(argv: Sequence[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
+    try:
+        parser = build_parser()
+    except SeriesError as exc:
+        report(exc)
+        return exc.exit_code
+    args = parser.parse_args(argv)
     return run_reporting_errors(args.func, args)
 
 

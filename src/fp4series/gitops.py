@@ -5,13 +5,13 @@ Public API (stable):
     status_lines(repo) -> list[str]          `git status --porcelain`, untracked files included
     is_dirty(repo) -> bool                   tracked or untracked changes
     require_clean(repo) -> None              SeriesError listing the changes (apply, export)
-    operation_in_progress(repo) -> str|None  "git am" / "rebase" / "merge" / "cherry-pick"
-    RepoState.snapshot(repo) / state.restore(repo)
-        remember HEAD (sha + branch), index and status; restore aborts a pending `git am`,
-        resets hard to the sha, removes files that were not there before, and verifies that
-        `git status --porcelain` is identical to before (SeriesError if not).
-    temp_worktree(repo, rev) -> context manager yielding a Repo in a detached scratch worktree
+    operation_in_progress(repo) -> str|None  "git am" / "rebase" / "merge" / "cherry-pick" /
+                                             "revert"
+    ABORT_COMMANDS: {operation: the command that abandons it}
+    temp_worktree(repo, rev, parent=None) -> context manager yielding a Repo in a detached
+        scratch worktree under PARENT (a new temporary directory by default), removed after
     is_ancestor(repo, ancestor, rev) -> bool
+    blob_id(repo, rev, path) -> str | None
     read_blob(repo, rev, path) -> bytes | None
     patch_id(repo, diff_text) -> str | None  `git patch-id --stable`
     commit_patch_id(repo, rev) -> str | None
@@ -24,7 +24,6 @@ import shutil
 import tempfile
 from collections.abc import Iterator
 from contextlib import contextmanager, suppress
-from dataclasses import dataclass
 from pathlib import Path
 from typing import IO
 
@@ -53,12 +52,24 @@ def open_repo(path: Path | str) -> Repo:
 
 
 def status_lines(repo: Repo) -> list[str]:
-    out = repo.git.status("--porcelain=v1", "--untracked-files=all", "--ignore-submodules=none")
+    # --no-optional-locks: a status check must not rewrite the user's index (nor need the disk)
+    out = repo.git(no_optional_locks=True).status(
+        "--porcelain=v1", "--untracked-files=all", "--ignore-submodules=none"
+    )
     return [line for line in out.splitlines() if line]
 
 
 def is_dirty(repo: Repo) -> bool:
     return bool(status_lines(repo))
+
+
+ABORT_COMMANDS = {
+    "git am": "git am --abort",
+    "rebase": "git rebase --abort",
+    "merge": "git merge --abort",
+    "cherry-pick": "git cherry-pick --abort",
+    "revert": "git revert --abort",
+}
 
 
 def operation_in_progress(repo: Repo) -> str | None:
@@ -71,6 +82,8 @@ def operation_in_progress(repo: Repo) -> str | None:
         return "merge"
     if (gd / "CHERRY_PICK_HEAD").exists():
         return "cherry-pick"
+    if (gd / "REVERT_HEAD").exists():
+        return "revert"
     return None
 
 
@@ -79,9 +92,10 @@ def require_clean(repo: Repo) -> None:
     where = repo.working_tree_dir
     busy = operation_in_progress(repo)
     if busy:
+        abort = ABORT_COMMANDS[busy].replace("git ", f"git -C {where} ", 1)
         raise SeriesError(
-            f"{where}: a {busy} is in progress",
-            hint=f"finish or abort it first (e.g. git -C {where} am --abort)",
+            f"{where}: a {busy} is in progress; nothing was changed",
+            hint=f"finish it, or abandon it with `{abort}`",
         )
     if head_sha(repo) is None:
         raise SeriesError(f"{where} has no commits", hint="check out the pin v0.5.11 first")
@@ -107,50 +121,13 @@ def current_branch(repo: Repo) -> str | None:
     return None if repo.head.is_detached else repo.active_branch.name
 
 
-@dataclass(frozen=True)
-class RepoState:
-    """What must be identical after an operation that failed or only pretended (--check)."""
-
-    head: str | None
-    branch: str | None
-    status: tuple[str, ...]
-
-    @classmethod
-    def snapshot(cls, repo: Repo) -> RepoState:
-        return cls(head_sha(repo), current_branch(repo), tuple(status_lines(repo)))
-
-    def restore(self, repo: Repo) -> None:
-        """Put HEAD, index and work tree back; raise if the result differs from the snapshot."""
-        if operation_in_progress(repo) == "git am":
-            repo.git.am("--abort")
-        if self.head is None:
-            raise SeriesError("cannot restore an unborn branch")
-        if self.branch is not None and current_branch(repo) != self.branch:
-            repo.git.checkout("-f", self.branch)
-        repo.git.reset("--hard", "-q", self.head)
-        before = {line[3:] for line in self.status if line.startswith("?? ")}
-        for line in status_lines(repo):
-            if line.startswith("?? ") and line[3:] not in before:
-                target = Path(repo.working_tree_dir or ".") / line[3:].strip('"')
-                if target.is_dir():
-                    shutil.rmtree(target)
-                else:
-                    target.unlink(missing_ok=True)
-        now = RepoState.snapshot(repo)
-        if now != self:
-            raise SeriesError(
-                f"could not restore {repo.working_tree_dir} exactly: before {self}, now {now}",
-                hint=f"inspect it by hand; the original commit was {self.head}",
-            )
-
-
 @contextmanager
-def temp_worktree(repo: Repo, rev: str) -> Iterator[Repo]:
+def temp_worktree(repo: Repo, rev: str, parent: Path | None = None) -> Iterator[Repo]:
     """A detached scratch work tree at REV; removed (and pruned) afterwards whatever happens."""
-    parent = Path(tempfile.mkdtemp(prefix="fp4series-wt-"))
+    parent = parent or Path(tempfile.mkdtemp(prefix="fp4series-wt-"))
     path = parent / "wt"
-    repo.git.worktree("add", "--detach", "--quiet", str(path), rev)
     try:
+        repo.git.worktree("add", "--detach", "--quiet", str(path), rev)
         yield Repo(path)
     finally:
         with suppress(git.GitCommandError):
@@ -165,6 +142,14 @@ def is_ancestor(repo: Repo, ancestor: str, rev: str = "HEAD") -> bool:
     except git.GitCommandError:
         return False
     return True
+
+
+def blob_id(repo: Repo, rev: str, path: str) -> str | None:
+    """The blob id of PATH at REV, or None when it does not exist there."""
+    try:
+        return repo.git.rev_parse("--verify", "-q", f"{rev}:{path}")
+    except git.GitCommandError:
+        return None
 
 
 def read_blob(repo: Repo, rev: str, path: str) -> bytes | None:

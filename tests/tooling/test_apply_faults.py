@@ -1,0 +1,540 @@
+"""apply under races, kills and a hostile machine: nothing the user has is lost, ever.
+
+apply runs as a real process; FP4SERIES_PAUSE_AT=<point> stops it at a named point of its final
+steps (checkout.PAUSE_POINTS) until the test has acted: edited a file, created one, committed,
+started a second apply, or sent SIGKILL. No sleeps decide anything: the test waits for the
+point's marker file and releases it with another.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import gc
+import os
+import pwd
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import git as git_module
+import gitdb
+import pytest
+import smmap
+from _fakepin import Env, edit, git, isolate_git, make_env, settle, tree_fingerprint
+
+import fp4series
+from fp4series import checkout, cli
+
+SRC = Path(__file__).resolve().parents[2] / "src"
+A_PY = "python/sglang/srt/a.py"
+POINTS = checkout.PAUSE_POINTS
+BEFORE_WRITE = ("scratch", "applied", "index-locked")  # the checkout's files not yet touched
+SUBJECTS = ["[Quant] Return two and add new module", "[Quant] Change value ten"]
+
+
+@pytest.fixture(autouse=True)
+def _git(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    isolate_git(monkeypatch, tmp_path)
+
+
+@pytest.fixture(scope="module")
+def template(tmp_path_factory: pytest.TempPathFactory) -> Env:
+    """One synthetic pin + series for the module (tests clone it; they never change it)."""
+    tmp = tmp_path_factory.mktemp("pin")
+    cfg = tmp / "gitconfig"
+    cfg.write_text("[user]\n\tname = Test User\n\temail = test@example.com\n")
+    old = {k: os.environ.get(k) for k in ("GIT_CONFIG_GLOBAL", "GIT_CONFIG_NOSYSTEM")}
+    os.environ.update(GIT_CONFIG_GLOBAL=str(cfg), GIT_CONFIG_NOSYSTEM="1")
+    try:
+        return make_env(tmp)
+    finally:
+        for k, v in old.items():
+            if v is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = v
+
+
+@pytest.fixture
+def env(template: Env, tmp_path: Path) -> Env:
+    root = tmp_path / "project"
+    shutil.copytree(template.root, root, symlinks=True)
+    return Env(root, template.cache, template.lock, template.pin, root / "patches")
+
+
+def apply_cmd(env: Env, co: Path, *extra: str) -> list[str]:
+    return [
+        sys.executable, "-m", "fp4series", "apply", str(co), "--patches", str(env.patches),
+        "--lock", str(env.lock.path), "--cache-dir", str(env.cache), *extra,
+    ]  # fmt: skip
+
+
+def proc_env(pause_dir: Path | None = None, point: str = "") -> dict[str, str]:
+    out = {**os.environ, "PYTHONPATH": str(SRC)}
+    out.pop("FP4SERIES_PAUSE_AT", None)
+    if pause_dir is not None:
+        out.update(FP4SERIES_PAUSE_AT=point, FP4SERIES_PAUSE_DIR=str(pause_dir))
+    return out
+
+
+def run(env: Env, co: Path, *extra: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        apply_cmd(env, co, *extra), capture_output=True, text=True, env=proc_env(), check=False
+    )
+
+
+class Paused:
+    """An apply process stopped at POINT."""
+
+    def __init__(self, env: Env, co: Path, point: str, tmp: Path) -> None:
+        self.dir = tmp / f"pause-{point}"
+        self.dir.mkdir()
+        self.point = point
+        self.proc = subprocess.Popen(
+            apply_cmd(env, co),
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+            env=proc_env(self.dir, point),
+        )
+        reached = self.dir / f"{point}.reached"
+        while not reached.exists():  # an event, not a timing guess: the process says it is there
+            if self.proc.poll() is not None:
+                out, err = self.proc.communicate()
+                pytest.fail(f"apply exited {self.proc.returncode} before {point}:\n{out}\n{err}")
+            time.sleep(0.01)
+
+    def release(self) -> tuple[int, str]:
+        (self.dir / f"{self.point}.release").write_text("")
+        out, err = self.proc.communicate(timeout=120)
+        return self.proc.returncode, out + err
+
+    def kill(self) -> None:
+        self.proc.send_signal(signal.SIGKILL)
+        self.proc.communicate(timeout=60)
+
+
+def reachable(co: Path) -> set[str]:
+    """Every commit reachable from a ref or a reflog: what 'no commit lost' means."""
+    return set(git(co, "rev-list", "--all", "--reflog").split())
+
+
+def scratch_dirs_of(pid: int) -> list[Path]:
+    """The scratch worktree directories apply process PID made (and did not remove)."""
+    owners = Path(tempfile.gettempdir()).glob(f"{checkout.WORKTREE_PREFIX}*/owner")
+    return [p.parent for p in owners if p.read_text().strip() == str(pid)]
+
+
+def series_on_top(co: Path, rev: str = "HEAD") -> bool:
+    return git(co, "log", "--format=%s", f"v0.5.11..{rev}").splitlines()[:2] == SUBJECTS
+
+
+def assert_no_debris(co: Path) -> None:
+    gd = co / ".git"
+    leftovers = [
+        n
+        for n in ("index.lock", checkout.STATE_NAME, checkout.PRIVATE_INDEX, checkout.LOCK_NAME)
+        if (gd / n).exists()
+    ]
+    assert not leftovers
+    assert git(co, "worktree", "list", "--porcelain").count("worktree ") == 1
+
+
+# ------------------------------------------------------------------- the user acts at each point
+
+
+@pytest.mark.parametrize("point", POINTS)
+def test_user_edit_of_a_series_file_at_each_point_is_kept(
+    env: Env, tmp_path: Path, point: str
+) -> None:
+    co = env.clone("co")
+    old = git(co, "rev-parse", "HEAD").strip()
+    before = reachable(co)
+    paused = Paused(env, co, point, tmp_path)
+    edit(co, A_PY, "value_20 = 20\n", "value_20 = 2000\n")
+    rc, out = paused.release()
+    assert "value_20 = 2000\n" in (co / A_PY).read_text()  # the user's edit, whatever happened
+    assert before <= reachable(co)
+    if point in BEFORE_WRITE:  # before the work tree was written: not moved
+        assert rc == 1, out
+        assert git(co, "rev-parse", "HEAD").strip() == old
+        assert "changed while apply ran" in out and "refs/fp4series/applied/work" in out
+        assert series_on_top(co, "refs/fp4series/applied/work")
+        assert "not uptodate" in out or "would overwrite" in out
+        assert git(co, "status", "--porcelain") == f" M {A_PY}\n"
+    else:  # after: the series is in, the user's edit sits on top of it
+        assert rc == 0, out
+        assert series_on_top(co)
+        assert "value_10 = 100\n" in (co / A_PY).read_text()
+        assert git(co, "status", "--porcelain") == f" M {A_PY}\n"
+    assert_no_debris(co)
+
+
+@pytest.mark.parametrize("point", POINTS)
+def test_untracked_file_at_each_point_is_kept(env: Env, tmp_path: Path, point: str) -> None:
+    co = env.clone("co")
+    paused = Paused(env, co, point, tmp_path)
+    (co / "notes.txt").write_text("mine\n")
+    rc, out = paused.release()
+    assert rc == 0, out
+    assert (co / "notes.txt").read_text() == "mine\n"
+    assert series_on_top(co)
+    assert git(co, "status", "--porcelain") == "?? notes.txt\n"
+    assert_no_debris(co)
+
+
+@pytest.mark.parametrize("point", POINTS)
+def test_untracked_file_where_the_series_adds_one_is_kept(
+    env: Env, tmp_path: Path, point: str
+) -> None:
+    co = env.clone("co")
+    paused = Paused(env, co, point, tmp_path)
+    new = co / "python/sglang/srt/new.py"
+    if point in BEFORE_WRITE:
+        new.write_text("USER = 1\n")
+        rc, out = paused.release()
+        assert rc == 1 and "would be overwritten" in out, out
+        assert new.read_text() == "USER = 1\n"
+        assert not series_on_top(co)
+    else:  # the series wrote it already: the user's change is an edit of it
+        new.write_text("NEW = 1\nUSER = 1\n")
+        rc, out = paused.release()
+        assert rc == 0, out
+        assert series_on_top(co) and new.read_text() == "NEW = 1\nUSER = 1\n"
+    assert_no_debris(co)
+
+
+@pytest.mark.parametrize("point", POINTS)
+def test_commit_at_each_point_is_kept(env: Env, tmp_path: Path, point: str) -> None:
+    co = env.clone("co")
+    old = git(co, "rev-parse", "HEAD").strip()
+    paused = Paused(env, co, point, tmp_path)
+    (co / "notes.txt").write_text("mine\n")
+    committed = all(
+        subprocess.run(["git", "-C", str(co), *cmd], capture_output=True, check=False).returncode
+        == 0
+        for cmd in (["add", "notes.txt"], ["commit", "-q", "-m", "my note"])
+    )
+    mine = git(co, "rev-parse", "HEAD").strip() if committed else None
+    rc, out = paused.release()
+    assert (co / "notes.txt").read_text() == "mine\n"
+    if point in ("scratch", "applied"):  # the index was free: the commit went in, apply stood back
+        assert committed and rc == 1, out
+        assert git(co, "rev-parse", "HEAD").strip() == mine != old
+        assert "refs/fp4series/applied/work" in out
+        assert git(co, "status", "--porcelain") == ""
+    else:  # apply held the index: git refused the commit, apply finished, the file is there
+        assert not committed
+        assert rc == 0, out
+        assert series_on_top(co)
+        assert git(co, "status", "--porcelain") == "?? notes.txt\n"
+    assert_no_debris(co)
+
+
+# ------------------------------------------------------------------------------ two at once, kills
+
+
+def test_second_apply_while_one_runs_is_refused(env: Env, tmp_path: Path) -> None:
+    co = env.clone("co")
+    paused = Paused(env, co, "applied", tmp_path)
+    second = run(env, co)
+    assert second.returncode == 1
+    assert "another apply is running" in second.stderr
+    assert f"pid {paused.proc.pid}" in second.stderr
+    rc, out = paused.release()
+    assert rc == 0, out
+    assert series_on_top(co) and git(co, "status", "--porcelain") == ""
+    assert_no_debris(co)
+
+
+@pytest.mark.parametrize("point", POINTS)
+def test_sigkill_at_each_point_then_rerun_finishes(env: Env, tmp_path: Path, point: str) -> None:
+    co = env.clone("co")
+    old = git(co, "rev-parse", "HEAD").strip()
+    before = reachable(co)
+    paused = Paused(env, co, point, tmp_path)
+    paused.kill()
+    tip = git(co, "rev-parse", "refs/heads/work").strip()
+    if point != "ref-moved":
+        assert tip == old  # the branch moves only at the compare-and-swap
+    again = run(env, co)
+    assert again.returncode == 0, again.stdout + again.stderr
+    assert "was killed" in again.stderr
+    assert series_on_top(co) and git(co, "status", "--porcelain") == ""
+    assert before <= reachable(co)
+    assert_no_debris(co)
+    assert not scratch_dirs_of(paused.proc.pid)
+
+
+@pytest.mark.parametrize("point", ["worktree-updated", "ref-moved"])
+def test_sigkill_then_user_edit_is_never_overwritten(env: Env, tmp_path: Path, point: str) -> None:
+    co = env.clone("co")
+    Paused(env, co, point, tmp_path).kill()
+    edit(co, A_PY, "value_20 = 20\n", "value_20 = 2000\n")
+    again = run(env, co)
+    assert "value_20 = 2000\n" in (co / A_PY).read_text()
+    if point == "worktree-updated":  # cannot prove a.py is ours to roll back: says what to do
+        assert again.returncode == 1
+        assert A_PY in again.stderr and "neither" in again.stderr
+    else:  # the branch had moved: finishing keeps the edit on top
+        assert again.returncode == 0, again.stderr
+        assert series_on_top(co)
+
+
+def test_sigterm_removes_everything_it_made(env: Env, tmp_path: Path) -> None:
+    co = env.clone("co")
+    settle(co)
+    before = tree_fingerprint(co)
+    paused = Paused(env, co, "index-locked", tmp_path)
+    paused.proc.send_signal(signal.SIGTERM)
+    rc, out = paused.release()
+    assert rc == 130 and "interrupted" in out
+    assert tree_fingerprint(co) == before
+    assert_no_debris(co)
+
+
+def test_sigterm_in_the_scratch_worktree_removes_it(env: Env, tmp_path: Path) -> None:
+    co = env.clone("co")
+    paused = Paused(env, co, "scratch", tmp_path)
+    owned = scratch_dirs_of(paused.proc.pid)
+    assert len(owned) == 1 and (owned[0] / "wt").is_dir()
+    paused.proc.send_signal(signal.SIGTERM)
+    rc, out = paused.release()
+    assert rc == 130, out
+    assert not owned[0].exists()
+    assert_no_debris(co)
+
+
+# ------------------------------------------------------------------------- leftovers, bad input
+
+
+def cli_apply(env: Env, co: Path, capsys: pytest.CaptureFixture, *extra: str) -> tuple[int, str]:
+    argv = apply_cmd(env, co, *extra)[3:]
+    rc = cli.main(argv)
+    out, err = capsys.readouterr()
+    return rc, out + err
+
+
+def test_foreign_index_lock_is_refused_untouched(env: Env, capsys: pytest.CaptureFixture) -> None:
+    co = env.clone("co")
+    (co / ".git" / "index.lock").write_text("")
+    settle_before = tree_fingerprint(co)
+    rc, out = cli_apply(env, co, capsys)
+    assert rc == 1
+    assert f"{co / '.git' / 'index.lock'} exists" in out and "rm " in out
+    assert tree_fingerprint(co) == settle_before
+
+
+def test_index_lock_left_by_a_killed_apply_is_cleared(
+    env: Env, capsys: pytest.CaptureFixture
+) -> None:
+    co = env.clone("co")
+    (co / ".git" / "index.lock").write_bytes(checkout.INDEX_LOCK_MARK + b" pid 999999999\n")
+    rc, out = cli_apply(env, co, capsys)
+    assert rc == 0, out
+    assert "removed the index.lock a killed apply left" in out
+    assert series_on_top(co)
+    assert_no_debris(co)
+
+
+def test_lock_file_of_a_dead_apply_is_reported_and_taken(
+    env: Env, capsys: pytest.CaptureFixture
+) -> None:
+    co = env.clone("co")
+    (co / ".git" / checkout.LOCK_NAME).write_text('{"pid": 999999999, "time": "yesterday"}\n')
+    rc, out = cli_apply(env, co, capsys)
+    assert rc == 0, out
+    assert "previous apply (pid 999999999, started yesterday) was killed" in out
+    assert_no_debris(co)
+
+
+def test_patch_with_a_changed_line_is_refused_before_anything_changes(
+    env: Env, capsys: pytest.CaptureFixture
+) -> None:
+    co = env.clone("co")
+    settle(co)
+    before = tree_fingerprint(co)
+    patch = env.patches / "0002-return-two-and-add-new-module.patch"
+    patch.write_text(patch.read_text().replace("+    return 2\n", "+    return 3\n"))
+    rc, out = cli_apply(env, co, capsys)
+    assert rc == 1
+    assert "0002-return-two-and-add-new-module.patch" in out
+    assert "python/sglang/srt/b.py" in out and "post-image is blob" in out
+    assert tree_fingerprint(co) == before
+    assert_no_debris(co)
+
+
+# ------------------------------------------------------------------------------------- messages
+
+
+def test_failure_hint_keeps_the_series_recognisable(
+    env: Env, capsys: pytest.CaptureFixture
+) -> None:
+    co = env.clone("co")
+    edit(co, "python/sglang/srt/b.py", "    return 1\n", "    return 11\n")
+    git(co, "commit", "-qam", "conflicting change")
+    rc, out = cli_apply(env, co, capsys)
+    assert rc == 1
+    assert "am --3way --keep-cr --keep-non-patch" in out and "am -3 " not in out
+    assert "0001-change-value-ten.patch: would-apply\n" in out and " -> " not in out
+    assert "+ 1 commit(s) of yours on top of it" in out and "python/sglang/srt/b.py" in out
+
+
+@pytest.mark.parametrize(
+    ("operation", "abort"),
+    [
+        ("merge", "merge --abort"),
+        ("cherry-pick", "cherry-pick --abort"),
+        ("rebase", "rebase --abort"),
+    ],
+)
+def test_operation_in_progress_gets_its_own_abort_hint(
+    env: Env, capsys: pytest.CaptureFixture, operation: str, abort: str
+) -> None:
+    co = env.clone("co")
+    marker = {"merge": "MERGE_HEAD", "cherry-pick": "CHERRY_PICK_HEAD", "rebase": "rebase-merge"}
+    target = co / ".git" / marker[operation]
+    if operation == "rebase":
+        target.mkdir()
+    else:
+        target.write_text(git(co, "rev-parse", "HEAD"))
+    rc, out = cli_apply(env, co, capsys)
+    assert rc == 1
+    assert f"a {operation} is in progress" in out and f"git -C {co} {abort}" in out
+
+
+def test_detached_head_is_refused_but_check_works(env: Env, capsys: pytest.CaptureFixture) -> None:
+    co = env.clone("co")
+    git(co, "checkout", "-q", "--detach")
+    rc, out = cli_apply(env, co, capsys)
+    assert rc == 1 and "detached HEAD" in out and "switch -c" in out
+    rc, out = cli_apply(env, co, capsys, "--check")
+    assert rc == 0 and "--check: nothing was changed" in out
+
+
+def test_missing_gitpython_is_a_message(tmp_path: Path) -> None:
+    venv = tmp_path / "bare"
+    subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(venv)], check=True)
+    proc = subprocess.run(
+        [str(venv / "bin" / "python"), "-m", "fp4series", "apply", "--help"],
+        capture_output=True,
+        text=True,
+        env=proc_env(),
+        check=False,
+    )
+    assert proc.returncode == 1
+    assert "cannot import 'git' (gitpython)" in proc.stderr and "Traceback" not in proc.stderr
+
+
+# ------------------------------------------------------------------------------ a hostile machine
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="mounting a small tmpfs needs root")
+def test_full_disk_is_a_message_and_changes_nothing(
+    env: Env, tmp_path: Path, capsys: pytest.CaptureFixture
+) -> None:
+    disk = tmp_path / "disk"
+    disk.mkdir()
+    mount = subprocess.run(
+        ["mount", "-t", "tmpfs", "-o", "size=2m", "tmpfs", str(disk)],
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+    if mount.returncode != 0:
+        pytest.skip(f"cannot mount a tmpfs here: {mount.stderr.strip()}")
+    try:
+        co = disk / "co"
+        git(tmp_path, "clone", "-q", str(env.pin), str(co))
+        git(co, "checkout", "-q", "-b", "work", "v0.5.11")
+        settle(co)
+        before = tree_fingerprint(co)
+        (disk / "reserve").write_bytes(b"\0" * 8192)  # two pages: room for apply's lock only
+        with (disk / "fill").open("wb") as fh, contextlib.suppress(OSError):
+            while True:
+                fh.write(b"\0" * 65536)
+        (disk / "reserve").unlink()
+        rc, out = cli_apply(env, co, capsys)
+        (disk / "fill").unlink()
+        assert rc == 1
+        assert "No space left on device" in out and "free space" in out
+        assert "the checkout was not changed" in out and "Traceback" not in out
+        assert tree_fingerprint(co) == before
+        assert_no_debris(co)
+    finally:
+        gc.collect()  # gitpython's cat-file helpers run inside the checkout until collected
+        if subprocess.run(["umount", str(disk)], check=False).returncode:
+            subprocess.run(["umount", "--lazy", str(disk)], check=False)
+
+
+def test_read_only_checkout_for_another_user_is_a_message(env: Env) -> None:
+    if os.geteuid() != 0 or not shutil.which("runuser"):
+        pytest.skip("needs root and runuser to act as an unprivileged user")
+    try:
+        pwd.getpwnam("nobody")
+    except KeyError:
+        pytest.skip("no user 'nobody' on this machine")
+    base = Path(tempfile.mkdtemp(prefix="fp4series-ro-"))  # tmp_path is private to root
+    try:
+        base.chmod(0o755)
+        co = base / "co"
+        git(base, "clone", "-q", str(env.pin), str(co))
+        git(co, "checkout", "-q", "-b", "work", "v0.5.11")
+        shutil.copytree(env.patches, base / "patches")
+        shutil.copy(env.lock.path, base / "upstream.lock")
+        site = base / "site"  # what the unprivileged python imports, readable by it
+        for module in (git_module, gitdb, smmap, fp4series):
+            shutil.copytree(Path(module.__file__).parent, site / module.__name__)
+        subprocess.run(["chmod", "-R", "a+rX,go-w", str(base)], check=True)
+        settle(co)  # chmod changed every ctime: refresh the index once, before the snapshot
+        before = tree_fingerprint(co)
+        pythons = [os.path.realpath(getattr(sys, "_base_executable", sys.executable))]
+        pythons += [p for p in ("/usr/bin/python3.11", "/usr/local/bin/python3.11")]
+        as_nobody = {
+            **proc_env(),
+            "PYTHONPATH": str(site),
+            "GIT_CONFIG_GLOBAL": "/dev/null",
+            "GIT_CONFIG_COUNT": "1",
+            "GIT_CONFIG_KEY_0": "safe.directory",
+            "GIT_CONFIG_VALUE_0": "*",
+            "HOME": str(base),
+        }
+        cmd = [
+            "runuser", "-u", "nobody", "--", "PYTHON", "-m", "fp4series", "apply", str(co),
+            "--patches", str(base / "patches"), "--lock", str(base / "upstream.lock"),
+            "--cache-dir", str(base / "cache"),
+        ]  # fmt: skip
+        usable = [
+            py
+            for py in pythons
+            if subprocess.run(
+                [*cmd[:4], py, "-c", "import git, fp4series.cli"], env=as_nobody, check=False
+            ).returncode
+            == 0
+        ]
+        if not usable:
+            pytest.skip(f"user nobody can run none of {pythons} with gitpython")
+        cmd[4] = usable[0]
+        proc = subprocess.run(cmd, capture_output=True, text=True, env=as_nobody, check=False)
+        assert proc.returncode == 1, proc.stdout + proc.stderr
+        assert "Permission denied" in proc.stderr and "Traceback" not in proc.stderr
+        assert "the checkout was not changed" in proc.stderr
+        assert tree_fingerprint(co) == before
+    finally:
+        shutil.rmtree(base)
+
+
+def test_scratch_directory_of_a_dead_apply_is_removed_even_when_unregistered(
+    env: Env, capsys: pytest.CaptureFixture
+) -> None:
+    co = env.clone("co")
+    left = checkout.new_worktree_dir()
+    (left / "owner").write_text("999999999\n")  # a dead apply's, its worktree already pruned
+    (left / "wt").mkdir()
+    rc, out = cli_apply(env, co, capsys)
+    assert rc == 0, out
+    assert not left.exists() and f"removed {left / 'wt'}" in out
