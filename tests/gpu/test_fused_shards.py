@@ -70,11 +70,21 @@ def _multipliers(layer_name: str, ratio: float) -> list[float]:
     return [g, ratio * g, g / 2][: len(LAYERS[layer_name])]
 
 
+# What SGLang's model loader adds to a checkpoint's quantization config (get_quant_config, from
+# the model class): fused layers' prefixes are matched against exclude_modules through it.
+PACKED_MODULES = {
+    "qkv_proj": ["q_proj", "k_proj", "v_proj"],
+    "gate_up_proj": ["gate_proj", "up_proj"],
+}
+
+
 def _quant_config(path: str) -> Any:
     if path.startswith("modelopt"):
         from sglang.srt.layers.quantization.modelopt_quant import ModelOptFp4Config
 
-        return ModelOptFp4Config.from_config(MODELOPT_HF_QUANT_CONFIG)
+        return ModelOptFp4Config.from_config(
+            {**MODELOPT_HF_QUANT_CONFIG, "packed_modules_mapping": PACKED_MODULES}
+        )
     return ct_config()
 
 
