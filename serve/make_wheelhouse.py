@@ -322,9 +322,12 @@ def mib(n: int) -> str:
     return f"{n / (1 << 20):8.1f} MiB"
 
 
-def write_lock(path: Path, pins: list[Pinned], kernel: Pinned, original: Pinned, omitted) -> None:
+def write_lock(
+    path: Path, pins: list[Pinned], kernel: Pinned, original: Pinned, omitted, extras: list[str]
+) -> None:
     lines = [
         "# serve/wheelhouse.lock -- written by serve/make_wheelhouse.py; do not edit by hand.",
+        f"# Extra requirement files: {', '.join(extras) or 'none'}",
         f"# The pinned sglang's runtime requirements for CPython {PY_VERSION} manylinux x86_64,",
         "# minus what the engine configuration never imports and what the host already has.",
         "# Install: pip install --no-index --find-links WHEELHOUSE --require-hashes -r THIS",
@@ -349,6 +352,13 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--cache", type=Path, default=ROOT / ".work" / "cache" / "wheels")
     ap.add_argument("--index-url", default="https://pypi.org/simple")
     ap.add_argument("--split-mb", type=int, default=0, help="split into part-N/ of this size")
+    ap.add_argument(
+        "--extra",
+        type=Path,
+        action="append",
+        default=[],
+        help="a requirements file to add (e.g. requirements/checkpoints.txt for the producers)",
+    )
     ap.add_argument(
         "--keep", action="append", default=[], help="keep a left-out requirement (repeatable)"
     )
@@ -376,11 +386,21 @@ def build(args: argparse.Namespace) -> int:
             skipped[name] = omitted[name]
         else:
             wanted.append(str(req))
+    for extra in args.extra:
+        if not extra.is_file():
+            raise WheelhouseError(f"{extra} not found (--extra takes a requirements file)")
+        for line in extra.read_text().splitlines():
+            line = line.split("#", 1)[0].strip()
+            if line:
+                wanted.append(line)
     args.out.mkdir(parents=True, exist_ok=True)
     raw = args.out / ".downloads"
     raw.mkdir(exist_ok=True)
     with tempfile.TemporaryDirectory(prefix="wheelhouse-") as tmp:
         pins = resolve(wanted, specs, args.index_url, Path(tmp))
+    pulled = {p.name for p in pins} & set(skipped)
+    for name in pulled:
+        skipped[name] += " -- YET IN THE WHEELHOUSE: another requirement depends on it"
     download(pins, args.index_url, raw)
     for stale in set(raw.glob("*.whl")) - {raw / p.filename for p in pins}:
         stale.unlink()  # from an earlier resolution
@@ -406,7 +426,9 @@ def build(args: argparse.Namespace) -> int:
     repacked, dropped = repack_kernel(raw / original.filename, args.out)
     files.append(repacked)
     kernel = Pinned(KERNEL_NAME, KERNEL_VERSION, repacked.name, sha256_of(repacked), "")
-    write_lock(args.lock, [p for p in pins if p.name != KERNEL_NAME], kernel, original, skipped)
+    extras = [str(e) for e in args.extra]
+    rest = [p for p in pins if p.name != KERNEL_NAME]
+    write_lock(args.lock, rest, kernel, original, skipped, extras)
 
     print(f"\nleft out ({len(skipped)} of the pin's requirements):")
     for name, why in sorted(skipped.items()):
