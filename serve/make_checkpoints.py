@@ -151,8 +151,13 @@ def train(model, ids: torch.Tensor, steps: int, seq: int, batch: int, device: st
 
 @torch.no_grad()
 def perplexity(model, ids: torch.Tensor, seq: int, device: str, max_windows: int = 64) -> float:
+    windows = min(max_windows, (ids.numel() - 1) // seq)
+    if windows == 0:
+        raise SystemExit(
+            f"held-out text has {ids.numel()} tokens, under {seq + 1}: raise --corpus-kb"
+        )
     nll, count = 0.0, 0
-    for w in range(min(max_windows, (ids.numel() - 1) // seq)):
+    for w in range(windows):
         x = ids[w * seq : (w + 1) * seq].unsqueeze(0).to(device)
         loss = model(input_ids=x, labels=x).loss
         nll += loss.item() * (seq - 1)
@@ -386,6 +391,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--tiny", action="store_true", help="hidden 256, 2 layers: a quick check")
     ap.add_argument("--steps", type=int, default=None, help="training steps (default 600, tiny 30)")
     ap.add_argument("--vocab", type=int, default=None, help="BPE vocabulary (8192, tiny 2048)")
+    ap.add_argument("--corpus-kb", type=int, default=None, help="corpus size (12000, tiny 2000)")
     args = ap.parse_args(argv)
     models = [m for m in args.models.split(",") if m]
     unknown = set(models) - set(MODELS)
@@ -401,7 +407,7 @@ def main(argv: list[str] | None = None) -> int:
     out.mkdir(parents=True, exist_ok=True)
     log(f"device {device}; output {out}")
 
-    train_text, held_text = corpus(2_000_000 if args.tiny else 12_000_000)
+    train_text, held_text = corpus(1000 * (args.corpus_kb or (2000 if args.tiny else 12000)))
     (out / "heldout.txt").write_text(held_text)
     log(f"corpus: {len(train_text):,} chars train, {len(held_text):,} held out (stdlib sources)")
     tok_dir = out / "tokenizer"

@@ -278,22 +278,26 @@ def repack_kernel(original: Path, dest: Path) -> tuple[Path, dict[str, int]]:
     dropped: dict[str, int] = {}
     out = dest / original.name
     tmp = out.with_suffix(".partial")
-    with zipfile.ZipFile(original) as src, zipfile.ZipFile(tmp, "w") as dst:
-        record_name = next(n for n in src.namelist() if n.endswith(".dist-info/RECORD"))
-        for info in src.infolist():
-            if info.filename in KERNEL_DROP:
-                dropped[info.filename] = info.file_size
-                continue
-            if info.filename == record_name:
-                continue
-            dst.writestr(info, src.read(info), compress_type=zipfile.ZIP_DEFLATED)
-        missing = set(KERNEL_DROP) - set(dropped)
-        if missing:
-            raise WheelhouseError(f"{original.name} lacks {sorted(missing)}: not the 0.4.2 layout")
-        lines = src.read(record_name).decode().splitlines(keepends=True)
-        kept = [ln for ln in lines if ln.split(",", 1)[0] not in KERNEL_DROP]
-        rec = src.getinfo(record_name)
-        dst.writestr(rec, "".join(kept), compress_type=zipfile.ZIP_DEFLATED)
+    try:
+        with zipfile.ZipFile(original) as src, zipfile.ZipFile(tmp, "w") as dst:
+            record_name = next(n for n in src.namelist() if n.endswith(".dist-info/RECORD"))
+            for info in src.infolist():
+                if info.filename in KERNEL_DROP:
+                    dropped[info.filename] = info.file_size
+                elif info.filename != record_name:
+                    dst.writestr(info, src.read(info), compress_type=zipfile.ZIP_DEFLATED)
+            missing = set(KERNEL_DROP) - set(dropped)
+            if missing:
+                raise WheelhouseError(
+                    f"{original.name} lacks {sorted(missing)}: not the 0.4.2 layout"
+                )
+            lines = src.read(record_name).decode().splitlines(keepends=True)
+            kept = [ln for ln in lines if ln.split(",", 1)[0] not in KERNEL_DROP]
+            rec = src.getinfo(record_name)
+            dst.writestr(rec, "".join(kept), compress_type=zipfile.ZIP_DEFLATED)
+    except BaseException:
+        tmp.unlink(missing_ok=True)
+        raise
     os.replace(tmp, out)
     return out, dropped
 
