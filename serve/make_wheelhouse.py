@@ -112,7 +112,9 @@ LEFT_OUT.update({name: "already in the host image at " + ver for name, ver in HO
 
 # Shared objects inside sglang-kernel that the triton/flashinfer attention backends on SM90
 # never load. sgl_kernel/__init__.py loads sm90/common_ops on SM90, and sgl_kernel/flash_attn.py
-# / flash_mla.py load the others only when imported.
+# / flash_mla.py load the others only when imported. NOTE: on SM90 with CUDA >= 12.3 the pin's
+# default attention backend for Llama/Qwen MHA models is fa3 (ServerArgs._get_default_attn_backend),
+# so serving with the defaults needs --with-fa3; without it pass --attention-backend triton.
 KERNEL_NAME, KERNEL_VERSION = "sglang-kernel", "0.4.2"
 KERNEL_DROP = {
     "sgl_kernel/flash_ops.abi3.so": "FlashAttention-3 (fa3 attention backend only)",
@@ -270,8 +272,10 @@ def download(pins: list[Pinned], index_url: str, dest: Path) -> None:
             raise WheelhouseError(f"{p.filename}: sha256 {got}, index said {p.sha256}; rerun")
 
 
-def repack_kernel(original: Path, dest: Path) -> tuple[Path, dict[str, int]]:
-    """Copy the sglang-kernel wheel without KERNEL_DROP, with a RECORD that matches.
+def repack_kernel(
+    original: Path, dest: Path, drop: dict[str, str] = KERNEL_DROP
+) -> tuple[Path, dict[str, int]]:
+    """Copy the sglang-kernel wheel without ``drop``, with a RECORD that matches.
 
     Entries keep their order and timestamps, so the same input gives the same bytes.
     """
@@ -282,17 +286,17 @@ def repack_kernel(original: Path, dest: Path) -> tuple[Path, dict[str, int]]:
         with zipfile.ZipFile(original) as src, zipfile.ZipFile(tmp, "w") as dst:
             record_name = next(n for n in src.namelist() if n.endswith(".dist-info/RECORD"))
             for info in src.infolist():
-                if info.filename in KERNEL_DROP:
+                if info.filename in drop:
                     dropped[info.filename] = info.file_size
                 elif info.filename != record_name:
                     dst.writestr(info, src.read(info), compress_type=zipfile.ZIP_DEFLATED)
-            missing = set(KERNEL_DROP) - set(dropped)
+            missing = set(drop) - set(dropped)
             if missing:
                 raise WheelhouseError(
                     f"{original.name} lacks {sorted(missing)}: not the 0.4.2 layout"
                 )
             lines = src.read(record_name).decode().splitlines(keepends=True)
-            kept = [ln for ln in lines if ln.split(",", 1)[0] not in KERNEL_DROP]
+            kept = [ln for ln in lines if ln.split(",", 1)[0] not in drop]
             rec = src.getinfo(record_name)
             dst.writestr(rec, "".join(kept), compress_type=zipfile.ZIP_DEFLATED)
     except BaseException:
@@ -303,11 +307,26 @@ def repack_kernel(original: Path, dest: Path) -> tuple[Path, dict[str, int]]:
 
 
 def split_parts(folder: Path, files: list[Path], part_mb: int) -> list[list[Path]]:
-    """Greedy packing into parts of at most part_mb MiB (a larger file gets a part alone)."""
+    """Pack ``files`` into folder/part-N/ of at most part_mb MiB each (greedy, largest first).
+
+    A file larger than a part is cut into NAME.chunk-000, -001, ... that fill parts of their
+    own; ``--join`` puts them back together.
+    """
     limit = part_mb << 20
+    pieces: list[Path] = []
+    for f in sorted(files, key=lambda p: -p.stat().st_size):
+        if f.stat().st_size <= limit:
+            pieces.append(f)
+            continue
+        with f.open("rb") as src:
+            for i, chunk in enumerate(iter(lambda: src.read(limit), b"")):
+                piece = f.with_name(f"{f.name}.chunk-{i:03d}")
+                piece.write_bytes(chunk)
+                pieces.append(piece)
+        f.unlink()
     parts: list[list[Path]] = []
     size = 0
-    for f in sorted(files, key=lambda p: -p.stat().st_size):
+    for f in pieces:
         n = f.stat().st_size
         if not parts or size + n > limit:
             parts.append([])
@@ -322,12 +341,39 @@ def split_parts(folder: Path, files: list[Path], part_mb: int) -> list[list[Path
     return parts
 
 
+def join_parts(folder: Path) -> int:
+    """Move every part-N/ file into ``folder`` and concatenate chunked wheels; returns wheels."""
+    chunks: dict[str, list[Path]] = {}
+    for f in sorted(folder.glob("part-*/*")):
+        if ".chunk-" in f.name:
+            chunks.setdefault(f.name.rsplit(".chunk-", 1)[0], []).append(f)
+        else:
+            os.replace(f, folder / f.name)
+    for name, pieces in chunks.items():
+        tmp = folder / (name + ".partial")
+        with tmp.open("wb") as out:
+            for piece in sorted(pieces, key=lambda p: p.name):
+                out.write(piece.read_bytes())
+        os.replace(tmp, folder / name)
+        for piece in pieces:
+            piece.unlink()
+    for sub in folder.glob("part-*"):
+        sub.rmdir()
+    return len(list(folder.glob("*.whl")))
+
+
 def mib(n: int) -> str:
     return f"{n / (1 << 20):8.1f} MiB"
 
 
 def write_lock(
-    path: Path, pins: list[Pinned], kernel: Pinned, original: Pinned, omitted, extras: list[str]
+    path: Path,
+    pins: list[Pinned],
+    kernel: Pinned,
+    original: Pinned,
+    omitted,
+    extras: list[str],
+    drop: dict[str, str],
 ) -> None:
     lines = [
         "# serve/wheelhouse.lock -- written by serve/make_wheelhouse.py; do not edit by hand.",
@@ -336,7 +382,7 @@ def write_lock(
         "# minus what the engine configuration never imports and what the host already has.",
         "# Install: pip install --no-index --find-links WHEELHOUSE --require-hashes -r THIS",
         f"# {KERNEL_NAME} is repacked: PyPI's {original.filename} sha256 {original.sha256}",
-        f"#   without {', '.join(sorted(KERNEL_DROP))}.",
+        f"#   without {', '.join(sorted(drop))}.",
         "# Left out (requirement: why):",
         *(f"#   {name}: {why}" for name, why in sorted(omitted.items())),
         "",
@@ -357,6 +403,17 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--index-url", default="https://pypi.org/simple")
     ap.add_argument("--split-mb", type=int, default=0, help="split into part-N/ of this size")
     ap.add_argument(
+        "--join",
+        type=Path,
+        metavar="DIR",
+        help="on the target host: merge DIR/part-N/ (and chunked wheels) back into DIR, then exit",
+    )
+    ap.add_argument(
+        "--with-fa3",
+        action="store_true",
+        help="keep sgl_kernel/flash_ops.abi3.so (FA3: the pin's default attention on SM90)",
+    )
+    ap.add_argument(
         "--extra",
         type=Path,
         action="append",
@@ -368,6 +425,11 @@ def main(argv: list[str] | None = None) -> int:
     )
     args = ap.parse_args(argv)
     try:
+        if args.join:
+            if not list(args.join.glob("part-*")):
+                raise WheelhouseError(f"no part-N/ folder in {args.join}: nothing to join")
+            print(f"{join_parts(args.join)} wheels in {args.join}")
+            return 0
         return build(args)
     except WheelhouseError as e:
         print(f"error: {e}", file=sys.stderr)
@@ -427,12 +489,15 @@ def build(args: argparse.Namespace) -> int:
         except OSError:
             shutil.copy2(raw / p.filename, dst)
         files.append(dst)
-    repacked, dropped = repack_kernel(raw / original.filename, args.out)
+    drop = dict(KERNEL_DROP)
+    if args.with_fa3:
+        del drop["sgl_kernel/flash_ops.abi3.so"]
+    repacked, dropped = repack_kernel(raw / original.filename, args.out, drop)
     files.append(repacked)
     kernel = Pinned(KERNEL_NAME, KERNEL_VERSION, repacked.name, sha256_of(repacked), "")
     extras = [str(e) for e in args.extra]
     rest = [p for p in pins if p.name != KERNEL_NAME]
-    write_lock(args.lock, rest, kernel, original, skipped, extras)
+    write_lock(args.lock, rest, kernel, original, skipped, extras, drop)
 
     print(f"\nleft out ({len(skipped)} of the pin's requirements):")
     for name, why in sorted(skipped.items()):
@@ -441,7 +506,7 @@ def build(args: argparse.Namespace) -> int:
     print(f"  PyPI wheel  {mib((raw / original.filename).stat().st_size)}  {original.filename}")
     print(f"  repacked    {mib(repacked.stat().st_size)}  sha256 {kernel.sha256}")
     for name, size in sorted(dropped.items()):
-        print(f"  dropped     {mib(size)} unpacked  {name}: {KERNEL_DROP[name]}")
+        print(f"  dropped     {mib(size)} unpacked  {name}: {drop[name]}")
     sizes = sorted(((f.stat().st_size, f.name) for f in files), reverse=True)
     total = sum(s for s, _ in sizes)
     print(f"\nwheelhouse: {len(files)} wheels, {mib(total).strip()} in {args.out}")

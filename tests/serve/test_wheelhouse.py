@@ -116,16 +116,20 @@ def test_host_stand_ins_carry_only_metadata(tmp_path):
     assert "Version: 1.33.0+host" in meta and "Requires-Dist" not in meta
 
 
-def test_parts_respect_the_size_limit(tmp_path):
-    sizes = [5, 3, 3, 2, 9, 1]  # MiB
+def test_parts_respect_the_size_limit_and_join_restores_every_byte(tmp_path):
+    sizes = [5, 3, 3, 2, 13, 1]  # MiB; the 13 MiB wheel is cut into chunks
+    originals = {}
     files = []
     for i, mb in enumerate(sizes):
         f = tmp_path / f"w{i}.whl"
-        f.write_bytes(b"\0" * (mb << 20))
+        data = bytes([i]) * (mb << 20) + bytes(range(i + 1))
+        f.write_bytes(data)
+        originals[f.name] = data
         files.append(f)
     parts = mw.split_parts(tmp_path, files, part_mb=6)
-    assert sorted(len(list((tmp_path / f"part-{i}").iterdir())) for i in range(1, len(parts) + 1))
     for i in range(1, len(parts) + 1):
-        total = sum(f.stat().st_size for f in (tmp_path / f"part-{i}").iterdir())
-        assert total <= 6 << 20 or len(list((tmp_path / f"part-{i}").iterdir())) == 1
-    assert sum(len(p) for p in parts) == len(sizes)
+        assert sum(f.stat().st_size for f in (tmp_path / f"part-{i}").iterdir()) <= 6 << 20
+    assert not list(tmp_path.glob("*.whl")), "every wheel moved into a part"
+    assert mw.join_parts(tmp_path) == len(sizes)
+    assert {f.name: f.read_bytes() for f in tmp_path.glob("*.whl")} == originals
+    assert not list(tmp_path.glob("part-*"))
