@@ -71,6 +71,15 @@ HOST = {
     "accelerate": "1.15.0",
 }
 
+# Imported unconditionally on the engine's or the server's start path, yet absent from the pin's
+# Requires-Dist: upstream gets them only through requirements left out below.
+IMPLICIT = {
+    "dill": "srt/sampling/custom_logit_processor.py (via srt/configs/deepseek_ocr.py, which "
+    "every config load imports); upstream gets it through `datasets`",
+    "jsonschema": "srt/entrypoints/openai/serving_chat.py (imported by http_server.py); "
+    "upstream gets it through `outlines`",
+}
+
 # Requirements of the pin that the engine configuration above never imports: name -> why.
 # "guarded" = imported only inside try/if at module level; "lazy" = only inside a function that
 # the configuration does not call. Sites are paths under the pin's python/sglang/.
@@ -383,6 +392,8 @@ def write_lock(
         "# Install: pip install --no-index --find-links WHEELHOUSE --require-hashes -r THIS",
         f"# {KERNEL_NAME} is repacked: PyPI's {original.filename} sha256 {original.sha256}",
         f"#   without {', '.join(sorted(drop))}.",
+        "# Added (imported at start, missing from the pin's Requires-Dist):",
+        *(f"#   + {name}: {why}" for name, why in sorted(IMPLICIT.items())),
         "# Left out (requirement: why):",
         *(f"#   {name}: {why}" for name, why in sorted(omitted.items())),
         "",
@@ -452,6 +463,7 @@ def build(args: argparse.Namespace) -> int:
             skipped[name] = omitted[name]
         else:
             wanted.append(str(req))
+    wanted += sorted(IMPLICIT)
     for extra in args.extra:
         if not extra.is_file():
             raise WheelhouseError(f"{extra} not found (--extra takes a requirements file)")
@@ -502,6 +514,9 @@ def build(args: argparse.Namespace) -> int:
     print(f"\nleft out ({len(skipped)} of the pin's requirements):")
     for name, why in sorted(skipped.items()):
         print(f"  {name:<22} {why}")
+    print("\nadded (imported at start, missing from the pin's Requires-Dist):")
+    for name, why in sorted(IMPLICIT.items()):
+        print(f"  {name:<22} {why}")
     print(f"\n{KERNEL_NAME} {KERNEL_VERSION} repacked:")
     print(f"  PyPI wheel  {mib((raw / original.filename).stat().st_size)}  {original.filename}")
     print(f"  repacked    {mib(repacked.stat().st_size)}  sha256 {kernel.sha256}")
@@ -514,10 +529,12 @@ def build(args: argparse.Namespace) -> int:
     for size, name in sizes[:10]:
         print(f"  {mib(size)}  {name}")
     if args.split_mb:
-        part_sizes = {f.name: f.stat().st_size for f in files}
         parts = split_parts(args.out, files, args.split_mb)
         for i, part in enumerate(parts, 1):
-            print(f"part-{i}: {len(part)} wheels, {mib(sum(part_sizes[f.name] for f in part))}")
+            held = list((args.out / f"part-{i}").iterdir())
+            size = mib(sum(f.stat().st_size for f in held))
+            print(f"part-{i}: {len(part)} files, {size}")
+        print(f"on the host: python serve/make_wheelhouse.py --join {args.out}")
     print(f"lock: {args.lock} ({len(pins)} pins); sglang itself is installed with --no-deps")
     print(f"pin version {version}; import facts: python serve/scan_imports.py TREE flashinfer ...")
     return 0
