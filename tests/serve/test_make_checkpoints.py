@@ -11,10 +11,15 @@ import make_checkpoints as mc  # noqa: E402
 from nvfp4 import dequantized_state  # noqa: E402
 
 
-def test_toy_run_writes_consistent_checkpoints(tmp_path):
-    args = ["--out", str(tmp_path), "--tiny", "--models", "dense-bias", "--steps", "2"]
+@pytest.fixture(scope="module")
+def folder(tmp_path_factory):
+    out = tmp_path_factory.mktemp("ckpt")
+    args = ["--out", str(out), "--tiny", "--models", "dense-bias", "--steps", "2"]
     assert mc.main([*args, "--corpus-kb", "700", "--vocab", "512"]) == 0
-    folder = tmp_path / "tiny" / "dense-bias"
+    return out / "tiny" / "dense-bias"
+
+
+def test_toy_run_writes_consistent_checkpoints(folder):
     record = json.loads((folder / "train.json").read_text())
     assert record["architecture"] == "Qwen2ForCausalLM"
     assert record["nvfp4_weights"] == 14  # 7 projections x 2 layers
@@ -38,3 +43,21 @@ def test_toy_run_writes_consistent_checkpoints(tmp_path):
     bf16, _ = mc.load(folder / "bf16")
     rel = (ref[f"{q}.weight"].float() - bf16[f"{q}.weight"].float()).norm()
     assert rel / bf16[f"{q}.weight"].float().norm() < 0.2
+
+
+def test_sglang_reads_the_quantization_configs(folder):
+    pytest.importorskip("sglang", reason="the (patched) pin is not installed")
+    from sglang.srt.layers.quantization.compressed_tensors.compressed_tensors import (
+        CompressedTensorsConfig,
+    )
+
+    ct = json.loads((folder / "ct-nvfp4" / "config.json").read_text())["quantization_config"]
+    config = CompressedTensorsConfig.from_config(ct)
+    assert config.quant_format == "nvfp4-pack-quantized"
+    assert "lm_head" in config.ignore
+    mo = folder / "modelopt-nvfp4" / "hf_quant_config.json"
+    if mo.is_file():  # only when nvidia-modelopt made it
+        from sglang.srt.layers.quantization.modelopt_quant import ModelOptFp4Config
+
+        mo_config = ModelOptFp4Config.from_config(json.loads(mo.read_text()))
+        assert mo_config.group_size == 16 and mo_config.is_checkpoint_nvfp4_serialized
