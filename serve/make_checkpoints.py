@@ -52,9 +52,13 @@ def log(msg: str) -> None:
 
 
 def corpus(limit_bytes: int) -> tuple[str, str]:
-    """(train, held-out) text: the stdlib's .py sources in sorted order, every 20th held out."""
+    """(train, held-out) text: the stdlib's .py sources (no tests) in path order, every 20th
+    file held out, up to ``limit_bytes`` characters."""
     lib = Path(sysconfig.get_paths()["stdlib"])
-    files = sorted(p for p in lib.glob("*.py") if p.is_file())
+    skip = {"site-packages", "test", "tests", "idle_test", "__pycache__"}
+    files = sorted(
+        p for p in lib.rglob("*.py") if p.is_file() and not skip & set(p.relative_to(lib).parts)
+    )
     train, held, size = [], [], 0
     for i, path in enumerate(files):
         text = path.read_text(encoding="utf-8", errors="replace")
@@ -391,6 +395,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--tiny", action="store_true", help="hidden 256, 2 layers: a quick check")
     ap.add_argument("--steps", type=int, default=None, help="training steps (default 600, tiny 30)")
     ap.add_argument("--vocab", type=int, default=None, help="BPE vocabulary (8192, tiny 2048)")
+    ap.add_argument("--eval-windows", type=int, default=64, help="held-out windows for perplexity")
     ap.add_argument("--corpus-kb", type=int, default=None, help="corpus size (12000, tiny 2000)")
     args = ap.parse_args(argv)
     models = [m for m in args.models.split(",") if m]
@@ -426,7 +431,7 @@ def main(argv: list[str] | None = None) -> int:
         log(f"{kind}: {config.model_type}, {n / 1e6:.1f} M parameters; training {steps} steps")
         t0 = time.time()
         losses = train(model, train_ids, steps, seq, batch, device)
-        ppl = perplexity(model, held_ids, seq, device)
+        ppl = perplexity(model, held_ids, seq, device, args.eval_windows)
         amax = activation_amax(model, train_ids, seq, device)
         model = model.to(torch.bfloat16)
         folder = out / kind
@@ -451,7 +456,7 @@ def main(argv: list[str] | None = None) -> int:
             )
             check_reference(folder / "modelopt-nvfp4", "modelopt", folder / "reference-modelopt")
             log(f"  modelopt-nvfp4: {n_mo} NVFP4 weights; reference-modelopt written")
-        ppls = {"bf16": perplexity(model, held_ids, seq, device)}
+        ppls = {"bf16": perplexity(model, held_ids, seq, device, args.eval_windows)}
         for name in ("reference-ct", "reference-modelopt"):
             if (folder / name).is_dir():
                 ppls[name] = perplexity(
@@ -461,6 +466,7 @@ def main(argv: list[str] | None = None) -> int:
                     held_ids,
                     seq,
                     device,
+                    args.eval_windows,
                 )
         log(f"  held-out perplexity (transformers, bf16): {json.dumps(ppls)}")
         record = {"model": kind, "architecture": cfg["architectures"][0], "parameters": n,
