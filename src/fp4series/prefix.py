@@ -27,7 +27,7 @@ from fp4series.errors import SeriesError
 
 NON_CPU_KINDS = ("gpu", "bench")
 PYTEST_NO_TESTS = 5
-SUITES = ("tests/tooling", "tests/sglang", "tests/gpu")
+SUITES = ("tests/tooling", "tests/sglang", "tests/serve", "tests/gpu")
 
 
 @dataclass(frozen=True)
