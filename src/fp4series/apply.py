@@ -23,7 +23,7 @@ Public API (stable):
         status: "applied" | "applied-3way" | "would-apply" | "would-apply-3way" |
                 "already-applied" | "failed" | "not-tried"
     result_ref(branch) -> str    refs/fp4series/applied/<branch name>
-CLI: apply [--check] [--allow-base-mismatch] CHECKOUT
+CLI: apply [--line VERSION] [--check] [--allow-base-mismatch] CHECKOUT
 """
 
 from __future__ import annotations
@@ -43,6 +43,7 @@ from fp4series import gitops, paths
 from fp4series.blobs import blob_mismatches
 from fp4series.errors import SeriesError, as_series_error, machine_hint
 from fp4series.hunks import HunkFit, locate_patch
+from fp4series.line import Line, add_line_option, resolve_line
 from fp4series.lock import Lock, load_lock
 from fp4series.progress import Progress
 from fp4series.series import ZERO_ID, Patch, load_series
@@ -347,6 +348,8 @@ def _terminate_cleanly() -> Iterator[None]:
 
 
 def _cmd_apply(args: argparse.Namespace) -> int:
+    line = resolve_line(args.line, lock_path=args.lock)
+    args.patches = args.patches or line.patches_dir
     patches = load_series(args.patches)
     try:
         with _terminate_cleanly():
@@ -355,7 +358,7 @@ def _cmd_apply(args: argparse.Namespace) -> int:
                 patches,
                 check=args.check,
                 allow_base_mismatch=args.allow_base_mismatch,
-                lock=load_lock(args.lock),
+                lock=line.lock,
                 cache_dir=args.cache_dir,
             )
     except (OSError, git.GitCommandError) as exc:
@@ -366,7 +369,8 @@ def _cmd_apply(args: argparse.Namespace) -> int:
         error = SeriesError(
             "apply was interrupted; the checkout is as it was (or, if it was already moving the "
             "branch, fully applied)",
-            hint=f"run scripts/apply.sh {args.checkout} again: it finishes or says what is left",
+            hint=f"run scripts/apply.sh{_line_flag(line)} {args.checkout} again: it finishes or "
+            "says what is left",
         )
         error.exit_code = 130
         raise error from None
@@ -378,7 +382,8 @@ def _cmd_apply(args: argparse.Namespace) -> int:
             f"the checkout changed while apply ran; your work is as you left it and the series "
             f"is on {ref}",
             hint=f"to take it: commit or stash your changes, then "
-            f"git -C {where} merge --ff-only {ref} (or rerun scripts/apply.sh {where})",
+            f"git -C {where} merge --ff-only {ref} (or rerun scripts/apply.sh{_line_flag(line)} "
+            f"{where})",
         )
     if not report.ok:
         failed = next(r for r in report.results if r.status == "failed")
@@ -389,18 +394,30 @@ def _cmd_apply(args: argparse.Namespace) -> int:
             f"{failed.name} does not apply to {where}; nothing was changed",
             hint=f"rebase the patch: git -C {where} am {am} {' '.join(upto)} (these flags keep "
             "each subject and message, so apply and export still recognise the commits), "
-            f"resolve, git -C {where} am --continue, then regenerate patches/ with "
-            f"scripts/export.sh {where}",
+            f"resolve, git -C {where} am --continue, then regenerate {_shown(args.patches)}/ "
+            f"with scripts/export.sh{_line_flag(line)} {where}",
         )
     return 0
+
+
+def _line_flag(line: Line) -> str:
+    return "" if line.is_pin else f" --line {line.version}"
+
+
+def _shown(path: Path) -> str:
+    try:
+        return str(Path(path).resolve().relative_to(paths.project_root()))
+    except ValueError:
+        return str(path)
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
     p = subparsers.add_parser(
         "apply",
-        help="apply patches/series to a checkout of the pin",
+        help="apply patches/series to a checkout of the pin (--line: another series line)",
         description="Apply patches/series to CHECKOUT (a branch of the pin, clean tree) as one "
-        "commit per patch, or change nothing. One apply at a time per checkout "
+        "commit per patch, or change nothing. With --line VERSION: patches/VERSION/series onto "
+        "a checkout of upstream VERSION. One apply at a time per checkout "
         "(.git/fp4series-apply.lock). The branch is moved only if the checkout is still as "
         "apply found it; otherwise the series is left on refs/fp4series/applied/<branch> and "
         "your work is untouched. After a kill, run it again: it finishes or rolls back.",
@@ -412,7 +429,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         action="store_true",
         help="apply even when the checkout is not provably the pin",
     )
-    p.add_argument("--patches", type=Path, default=paths.default_patches_dir())
+    add_line_option(p)
+    p.add_argument("--patches", type=Path, help="series directory (default: the line's)")
     p.add_argument("--lock", type=Path, default=paths.default_lock_path())
     p.add_argument("--cache-dir", type=Path, default=paths.default_cache_dir())
     p.set_defaults(func=_cmd_apply)

@@ -26,12 +26,16 @@ import time
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from fp4series import compile_check
 from fp4series.digest import sha256_file
 from fp4series.errors import SeriesError, run_reporting_errors
 from fp4series.paths import project_root
 from fp4series.workspace import PIN_TAG, pin_release, resolve_base, venv_python
+
+if TYPE_CHECKING:
+    from fp4series.line import Line
 
 PIN_WHEEL = "sglang-0.5.11-cp311-cp311-manylinux_2_34_x86_64.whl"
 #: Offline copies that may hold the pinned wheel before the cache does (team machines).
@@ -105,9 +109,10 @@ def write_stamp(stamp: Path, key: str) -> None:
 # ------------------------------------------------------------------------------ pinned wheel
 
 
-def seed_wheel_cache(cache: Path) -> None:
-    """Copy the pinned wheel from a local offline copy into the cache (sha256 checked later)."""
-    name = str(getattr(pin_release(), "wheel_filename", PIN_WHEEL))
+def seed_wheel_cache(cache: Path, release: object | None = None) -> None:
+    """Copy the pinned wheel (or RELEASE's) from a local offline copy into the cache (sha256
+    checked later)."""
+    name = str(getattr(release or pin_release(), "wheel_filename", PIN_WHEEL))
     cached = cache / "wheels" / name
     if cached.is_file():
         return
@@ -118,8 +123,9 @@ def seed_wheel_cache(cache: Path) -> None:
             return
 
 
-def pinned_wheel(cache_dir: Path | None = None) -> Path:
-    """The pinned sglang wheel, sha256-verified (tooling-core's ``upstream.fetch_wheel``).
+def pinned_wheel(cache_dir: Path | None = None, release: object | None = None) -> Path:
+    """The pinned sglang wheel (or RELEASE's, a line's base), sha256-verified (tooling-core's
+    ``upstream.fetch_wheel``).
 
     A team machine may hold the wheel already (``EXTRA_WHEEL_DIRS``): it is copied into the
     cache first, and ``fetch_wheel`` verifies the sha256 either way.
@@ -127,8 +133,9 @@ def pinned_wheel(cache_dir: Path | None = None) -> Path:
     from fp4series import upstream
 
     cache = cache_dir or work_dir() / "cache"
-    seed_wheel_cache(cache)
-    return Path(upstream.fetch_wheel(pin_release(), cache))  # type: ignore[arg-type]
+    release = release or pin_release()
+    seed_wheel_cache(cache, release)
+    return Path(upstream.fetch_wheel(release, cache))  # type: ignore[arg-type]
 
 
 def read_record(unpacked: Path) -> dict[str, str]:
@@ -360,29 +367,30 @@ def install_wheel(venv: Path, wheel: Path) -> str:
 CHECKOUT_STAMP = "fp4series-applied.json"  # inside .git/, so it is never part of the tree
 
 
-def series_key(root: Path, upstream_head: str) -> str:
-    """Hash of patches/series, every patch file and the pin's commit: what the checkout is."""
-    patches = root / "patches"
+def series_key(patches: Path, upstream_head: str) -> str:
+    """Hash of the series file, every patch file and the base's commit: what the checkout is."""
     files = [patches / "series", *sorted(patches.glob("*.patch"))]
     return inputs_hash(files, [upstream_head])
 
 
-def prepare_checkout(root: Path, *, fresh: bool = False) -> Path:
-    """Materialize the pin (once), then make .work/checkout = pin + series, re-using it if current.
+def prepare_checkout(root: Path, *, fresh: bool = False, line: Line | None = None) -> Path:
+    """Materialize the line's release (once), then make its checkout = release + series
+    (.work/checkout for the pin's line), re-using it if current.
 
     A checkout that has commits or edits the pipeline did not make (someone editing patches in
-    it) is never deleted: it is moved aside to ``.work/checkout.saved-<time>`` with a message.
+    it) is never deleted: it is moved aside to ``<checkout>.saved-<time>`` with a message.
     """
     import git
 
-    from fp4series import lock, paths, upstream
+    from fp4series import upstream
+    from fp4series.line import resolve_line
 
-    the_lock = lock.load_lock(paths.default_lock_path())
-    pin = the_lock.pin
-    work = root / ".work"
+    line = line or resolve_line(root=root)
+    the_lock, pin = line.lock, line.release
+    work = line.work
     steps = Steps(prefix="checkout")
-    up_dir = paths.pin_repo_dir(pin.tag, root)
-    with steps.step(f"pin {pin.tag}") as note:
+    up_dir = line.upstream_dir
+    with steps.step(f"{'pin' if line.is_pin else 'release'} {pin.tag}") as note:
         if (up_dir / ".git").is_dir():
             up_repo = git.Repo(up_dir)
             if pin.tag not in [t.name for t in up_repo.tags]:
@@ -392,13 +400,14 @@ def prepare_checkout(root: Path, *, fresh: bool = False) -> Path:
                 )
             note.append(f"reused {up_dir}")
         else:
-            seed_wheel_cache(work / "cache")
-            upstream.materialize(pin, up_dir, work / "cache", lock=the_lock)
+            cache = root / ".work" / "cache"
+            seed_wheel_cache(cache, pin)
+            upstream.materialize(pin, up_dir, cache, lock=the_lock)
             up_repo = git.Repo(up_dir)
             note.append(f"materialized {up_dir}")
         up_head = up_repo.commit(pin.tag).hexsha
-    checkout = work / "checkout"
-    key = series_key(root, up_head)
+    checkout = line.checkout
+    key = series_key(line.patches_dir, up_head)
     stamp = checkout / ".git" / CHECKOUT_STAMP
     with steps.step("checkout") as note:
         if checkout.exists():
@@ -414,21 +423,26 @@ def prepare_checkout(root: Path, *, fresh: bool = False) -> Path:
                 shutil.rmtree(checkout)
             else:
                 saved = work / f"checkout.saved-{time.strftime('%Y%m%d-%H%M%S')}"
+                saved.parent.mkdir(parents=True, exist_ok=True)
                 os.rename(checkout, saved)
                 print(
                     f"warning: {checkout} had commits or edits not made from patches/; moved it "
                     f"to {saved} (run scripts/export.sh {saved} if you meant to keep them)",
                     file=sys.stderr,
                 )
-            shutil.rmtree(work / "prefix", ignore_errors=True)  # worktrees of the old checkout
+            shutil.rmtree(line.prefix_dir, ignore_errors=True)  # worktrees of the old checkout
+        checkout.parent.mkdir(parents=True, exist_ok=True)
         git.Repo.clone_from(str(up_dir), str(checkout))
         note.append(f"cloned {up_dir}")
-    names = [ln.split("#", 1)[0].strip() for ln in _series_lines(root)]
+    names = [ln.split("#", 1)[0].strip() for ln in _series_lines(line.patches_dir)]
     names = [n for n in names if n]
     with steps.step(f"apply {len(names)} patch(es)") as note:
         if names:
+            line_args = [] if line.is_pin else ["--line", line.version]
             proc = subprocess.run(
-                [sys.executable, "-m", "fp4series", "apply", str(checkout)], cwd=root, check=False
+                [sys.executable, "-m", "fp4series", "apply", *line_args, str(checkout)],
+                cwd=root,
+                check=False,
             )
             if proc.returncode != 0:
                 raise SeriesError(
@@ -436,7 +450,7 @@ def prepare_checkout(root: Path, *, fresh: bool = False) -> Path:
                     hint="read apply's report above; fix the patch (see README: editing a patch)",
                 )
         else:
-            note.append("patches/series is empty")
+            note.append(f"{line.patches_dir / 'series'} is empty")
     repo = git.Repo(checkout)
     stamp.write_text(
         json.dumps({"key": key, "head": repo.head.commit.hexsha, "patches": len(names)}) + "\n"
@@ -444,8 +458,8 @@ def prepare_checkout(root: Path, *, fresh: bool = False) -> Path:
     return checkout
 
 
-def _series_lines(root: Path) -> list[str]:
-    series = root / "patches" / "series"
+def _series_lines(patches: Path) -> list[str]:
+    series = patches / "series"
     return series.read_text().splitlines() if series.is_file() else []
 
 
@@ -469,9 +483,13 @@ def build(
     compile_targets: str | None = None,
     force_compile: bool = False,
     skip_compile: bool = False,
+    line: Line | None = None,
 ) -> BuildResult:
+    from fp4series.line import resolve_line
+
     root = project_root()
-    work = root / ".work"
+    line = line or resolve_line(root=root)
+    cache = root / ".work" / "cache"
     steps = Steps()
     checkout = checkout.resolve()
     if not (checkout / ".git").exists() or not (checkout / "python" / "sglang").is_dir():
@@ -480,16 +498,16 @@ def build(
             hint="pass an SGLang checkout (e.g. .work/checkout after scripts/apply.sh)",
         )
     with steps.step("venv") as note:
-        note.append(ensure_venv(work / "venv", root))
-    py = venv_python(work / "venv")
-    with steps.step("pinned wheel") as note:
-        wheel = pinned_wheel(work / "cache")
+        note.append(ensure_venv(line.venv, root, requirements=line.requirements))
+    py = venv_python(line.venv)
+    with steps.step("pinned wheel" if line.is_pin else f"release {line.version} wheel") as note:
+        wheel = pinned_wheel(cache, line.release)
         note.append(wheel.name)
     with steps.step("repack") as note:
-        base_sha = resolve_base(checkout, base)
+        base_sha = resolve_base(checkout, base or line.tag)
         changes, expected_old = checkout_changes(checkout, base_sha)
         version = local_version_for(checkout, base_sha)
-        out = work / "build"
+        out = line.build_dir
         deleted = sum(1 for v in changes.values() if v is None)
         key = repack_key(wheel, changes, version)
         stamp = out / "wheel.stamp"
@@ -509,16 +527,16 @@ def build(
                 f"{built.name}: {len(changes) - deleted} file(s) replaced/added, {deleted} deleted"
             )
     with steps.step("install wheel") as note:
-        note.append(install_wheel(work / "venv", built))
+        note.append(install_wheel(line.venv, built))
     compile_lines: list[str] = []
     failed: list[compile_check.CompileResult] = []
     if not skip_compile:
         with steps.step("compile check (nvcc)") as note:
-            sglang_dir = venv_site_packages(work / "venv") / "sglang"
+            sglang_dir = venv_site_packages(line.venv) / "sglang"
             targets = compile_check.select_targets(sglang_dir, compile_targets)
             results = compile_check.run_compile_checks(
                 targets, python=py, sglang_dir=sglang_dir,
-                cache_dir=work / "cache" / "compile", build_root=work / "build" / "jit",
+                cache_dir=cache / "compile", build_root=line.build_dir / "jit",
                 force=force_compile,
             )  # fmt: skip
             compile_lines = [f"{r.target}: {r.status} {r.seconds:.0f}s" for r in results]
@@ -527,7 +545,7 @@ def build(
     print("[build] built:")
     size = built.stat().st_size / 1e6
     print(f"  wheel    {built} ({size:.1f} MB, version {built.name.split('-')[1]})")
-    print(f"  venv     {work / 'venv'} (python {py})")
+    print(f"  venv     {line.venv} (python {py})")
     for line in compile_lines:
         print(f"  jit      {line}")
     print("[build] step times:\n" + steps.summary(), flush=True)
@@ -535,7 +553,7 @@ def build(
         raise SeriesError(
             f"{len(failed)} Marlin JIT module(s) failed to compile: "
             + ", ".join(str(r.target) for r in failed),
-            hint="read nvcc's errors above; logs in .work/build/jit/<target>/worker.log",
+            hint=f"read nvcc's errors above; logs in {line.build_dir}/jit/<target>/worker.log",
         )
     return BuildResult(built, version, len(changes) - deleted, deleted, compile_lines)
 
@@ -543,9 +561,16 @@ def build(
 # ------------------------------------------------------------------------------------ CLI
 
 
+def _line(args: argparse.Namespace) -> Line:
+    from fp4series.line import resolve_line
+
+    return resolve_line(getattr(args, "line", None))
+
+
 def _cmd_build(args: argparse.Namespace) -> int:
     build(
         Path(args.checkout),
+        line=_line(args),
         base=args.base,
         allow_mismatched_base=args.allow_mismatched_base,
         compile_targets=args.compile_targets,
@@ -558,9 +583,14 @@ def _cmd_build(args: argparse.Namespace) -> int:
 def _cmd_venv(args: argparse.Namespace) -> int:
     root = project_root()
     steps = Steps()
+    if getattr(args, "line", None):
+        line = _line(args)
+        venv, reqs = line.venv, line.requirements
+    else:  # stdlib-only bootstrap of the pin's venv: no lock parsing needed
+        venv, reqs = root / ".work" / "venv", REQUIREMENT_FILES
     with steps.step("venv") as note:
-        note.append(ensure_venv(root / ".work" / "venv", root, base_python=args.python))
-    print(venv_python(root / ".work" / "venv"))
+        note.append(ensure_venv(venv, root, base_python=args.python, requirements=reqs))
+    print(venv_python(venv))
     return 0
 
 
@@ -587,15 +617,19 @@ def _cmd_tooling_venv(args: argparse.Namespace) -> int:
 
 
 def _cmd_checkout(args: argparse.Namespace) -> int:
-    print(prepare_checkout(project_root(), fresh=args.fresh))
+    print(prepare_checkout(project_root(), fresh=args.fresh, line=_line(args)))
     return 0
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
+    from fp4series.line import add_line_option
+
     c = subparsers.add_parser(
         "prepare-checkout",
-        help="materialize the pin into .work/upstream/<tag> and make .work/checkout = pin + series",
+        help="materialize the pin into .work/upstream/<tag> and make .work/checkout = pin + series "
+        "(--line V: .work/upstream/V and .work/lines/V/checkout = V + patches/V)",
     )
+    add_line_option(c)
     c.add_argument("--fresh", action="store_true", help="re-clone even if the checkout is current")
     c.set_defaults(func=_cmd_checkout)
     p = subparsers.add_parser(
@@ -604,7 +638,10 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         ".work/venv and compile-check the Marlin JIT modules",
     )
     p.add_argument("checkout", help="git checkout of SGLang with the series applied")
-    p.add_argument("--base", help=f"commit of the pin in the checkout (default: tag {PIN_TAG})")
+    add_line_option(p)
+    p.add_argument(
+        "--base", help=f"commit of the base in the checkout (default: the line's tag, {PIN_TAG})"
+    )
     p.add_argument(
         "--allow-mismatched-base",
         action="store_true",
@@ -617,6 +654,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--skip-compile", action="store_true", help="no nvcc compile check")
     p.set_defaults(func=_cmd_build)
     v = subparsers.add_parser("venv", help="create/refresh .work/venv from requirements/")
+    add_line_option(v)
     v.add_argument("--python", help="interpreter for a new venv (default: this one)")
     v.set_defaults(func=_cmd_venv)
 
@@ -627,6 +665,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     sub = parser.add_subparsers(dest="command", required=True)
     v = sub.add_parser("venv")
     v.add_argument("--python")
+    v.add_argument("--line", help="a maintained line's venv (.work/lines/VERSION/venv)")
     v.set_defaults(func=_cmd_venv)
     t = sub.add_parser("tooling-venv", help="create .work/tooling-venv unless it is current")
     t.set_defaults(func=_cmd_tooling_venv)

@@ -22,7 +22,7 @@ Public API (stable):
     format_patch(repo, commit) -> bytes       one commit in the series' exact patch form
     patch_stem(subject) -> str                file stem for a new subject
     FORMAT_PATCH_ARGS, GIT_CONFIG_OVERRIDES
-CLI: export CHECKOUT [--base REV] [--force] [--allow-empty]
+CLI: export CHECKOUT [--line VERSION] [--base REV] [--force] [--allow-empty]
 """
 
 from __future__ import annotations
@@ -37,6 +37,7 @@ from git import InvalidGitRepositoryError, NoSuchPathError, Repo
 
 from fp4series import gitops, paths
 from fp4series.errors import SeriesError
+from fp4series.line import add_line_option, resolve_line
 from fp4series.lock import Lock, load_lock
 from fp4series.progress import Progress
 from fp4series.series import END_MARKER, SERIES_FILE, load_series, parse_patch, read_series_names
@@ -260,11 +261,13 @@ def export_series(
 
 
 def _cmd_export(args: argparse.Namespace) -> int:
+    line = resolve_line(args.line, lock_path=args.lock)
+    args.patches = args.patches or line.patches_dir
     written = export_series(
         args.checkout,
         args.patches,
         base=args.base,
-        lock=load_lock(args.lock),
+        lock=line.lock,
         cache_dir=args.cache_dir,
         force=args.force,
         allow_empty=args.allow_empty,
@@ -274,10 +277,15 @@ def _cmd_export(args: argparse.Namespace) -> int:
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
-    p = subparsers.add_parser("export", help="regenerate patches/ from commits on top of the pin")
+    p = subparsers.add_parser(
+        "export",
+        help="regenerate patches/ from commits on top of the pin (--line: patches/VERSION/ "
+        "from commits on top of upstream VERSION)",
+    )
     p.add_argument("checkout", type=Path)
     p.add_argument("--base", help="the pin revision (default: the lock's tag, else RECORD check)")
-    p.add_argument("--patches", type=Path, default=paths.default_patches_dir())
+    add_line_option(p)
+    p.add_argument("--patches", type=Path, help="series directory (default: the line's)")
     p.add_argument("--lock", type=Path, default=paths.default_lock_path())
     p.add_argument("--cache-dir", type=Path, default=paths.default_cache_dir())
     p.add_argument(

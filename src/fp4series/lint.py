@@ -18,8 +18,9 @@ Public API (stable):
         -> list[Problem]     what the CLI runs; notes (a list) receives what was skipped
     Problem(path, line, message); str(problem) is the one-line form above
     UPSTREAM_STATUS   regex of allowed Upstream-Status values
-CLI: lint [FILES...] [--pin REPO] [--blobs]   (no FILES: every patch in patches/ plus the series
-     file; an upstream.lock among FILES is validated too)
+CLI: lint [FILES...] [--line VERSION] [--pin REPO] [--blobs]   (no FILES: every patch of the
+     line plus its series file; FILES from several lines are linted per line; an upstream.lock
+     among FILES is validated too)
 """
 
 from __future__ import annotations
@@ -241,13 +242,16 @@ def lint_blobs(patches_dir: Path, pin_repo: Path, rev: str) -> tuple[list[Proble
     return problems, notes
 
 
-def _pin_location(root: Path, pin: Path | None) -> tuple[Path, str] | None:
-    """(pin repo, pin tag) to check blobs against, or None when the lock cannot say."""
+def _pin_location(root: Path, pin: Path | None, line: str | None) -> tuple[Path, str] | None:
+    """(repo, tag) of the release LINE applies to (None: the pin's line), to check blobs
+    against; None when the lock cannot say."""
+    from fp4series.line import resolve_line
+
     try:
-        tag = load_lock(root / "upstream.lock").pin.tag
+        found = resolve_line(line, root=root)
     except SeriesError:
         return None
-    return (pin or paths.pin_repo_dir(tag, root)), tag
+    return (pin or found.upstream_dir), found.tag
 
 
 def lint_paths(
@@ -258,9 +262,11 @@ def lint_paths(
     pin: Path | None = None,
     require_pin: bool = False,
     notes: list[str] | None = None,
+    line: str | None = None,
 ) -> list[Problem]:
     """Lint the given patch files (all of PATCHES_DIR when none), its series consistency and,
-    where the pin's blobs are at hand (PIN, else <root>/.work/upstream/<tag>), the blob ids.
+    where the base release's blobs are at hand (PIN, else the materialized release of LINE:
+    <root>/.work/upstream/<tag> for the pin's line), the blob ids.
     What was not checked is appended to NOTES; REQUIRE_PIN makes a missing pin an error."""
     targets = [f for f in files if f.suffix == ".patch"]
     if not files:
@@ -275,7 +281,7 @@ def lint_paths(
     for path in targets:
         problems += lint_patch(path, root=root, series_names=names)
     notes = notes if notes is not None else []
-    where = _pin_location(root, pin)
+    where = _pin_location(root, pin, line)
     if where is None and require_pin:
         raise SeriesError(
             f"{root / 'upstream.lock'} does not name a pin, so the blob check cannot run",
@@ -284,10 +290,11 @@ def lint_paths(
     if where is None:
         notes.append(f"blob check skipped: {root / 'upstream.lock'} does not name a pin")
     elif not (where[0] / ".git").exists() and not require_pin and pin is None:
+        version = f" --version {line}" if line else ""
         notes.append(
-            f"blob check skipped: the pin is not materialized at {where[0]}; run "
-            f"scripts/fetch-upstream.sh {where[0]} (or scripts/main.sh), or pass --pin with a "
-            f"checkout that has tag {where[1]}"
+            f"blob check skipped: {where[1]} is not materialized at {where[0]}; run "
+            f"scripts/fetch-upstream.sh {where[0]}{version} (or scripts/main.sh), or pass --pin "
+            f"with a checkout that has tag {where[1]}"
         )
     else:
         found, skipped = lint_blobs(patches_dir, where[0], where[1])
@@ -296,16 +303,37 @@ def lint_paths(
     return problems
 
 
+def _lint_jobs(args: argparse.Namespace) -> list[tuple[str | None, Path, list[Path]]]:
+    """(line, patches dir, files) per series line: with --line or --patches, that one; with
+    FILES (the pre-commit hook), each file's own line (patches/ or patches/<V>/)."""
+    from fp4series.line import line_of_patches_dir, resolve_line
+
+    if args.line or args.patches:
+        line = resolve_line(args.line, root=args.root) if args.line else None
+        patches = args.patches or (line.patches_dir if line else args.root / "patches")
+        return [(args.line, patches, list(args.files))]
+    jobs: dict[Path, tuple[str | None, list[Path]]] = {}
+    for f in args.files:
+        folder = (f.parent if f.name != "upstream.lock" else args.root / "patches").resolve()
+        jobs.setdefault(folder, (line_of_patches_dir(folder, args.root), []))[1].append(f)
+    if not args.files:
+        jobs[(args.root / "patches").resolve()] = (None, [])
+    return [(line, folder, files) for folder, (line, files) in jobs.items()]
+
+
 def _cmd_lint(args: argparse.Namespace) -> int:
     notes: list[str] = []
-    problems = lint_paths(
-        args.files,
-        root=args.root,
-        patches_dir=args.patches,
-        pin=args.pin,
-        require_pin=args.blobs,
-        notes=notes,
-    )
+    problems: list[Problem] = []
+    for line, patches_dir, files in _lint_jobs(args):
+        problems += lint_paths(
+            files,
+            root=args.root,
+            patches_dir=patches_dir,
+            pin=args.pin,
+            require_pin=args.blobs,
+            notes=notes,
+            line=line,
+        )
     for problem in problems:
         print(problem)
     for note in notes:
@@ -319,7 +347,12 @@ def _cmd_lint(args: argparse.Namespace) -> int:
 def register(subparsers: argparse._SubParsersAction) -> None:
     p = subparsers.add_parser("lint", help="check patch files and the series (pre-commit hook)")
     p.add_argument("files", nargs="*", type=Path)
-    p.add_argument("--patches", type=Path, default=paths.default_patches_dir())
+    p.add_argument(
+        "--line",
+        metavar="VERSION",
+        help="lint that series line (patches/VERSION); default: the pin's, or each FILE's own",
+    )
+    p.add_argument("--patches", type=Path, help="series directory (default: the line's)")
     p.add_argument("--root", type=Path, default=paths.project_root(), help="where Tests: live")
     p.add_argument(
         "--pin",

@@ -11,6 +11,11 @@ Public API (stable):
     record_pin_commit(lock_path, commit) -> None
         Fill in ``[pin] commit`` (used by ``resolve-commit``).
     Lock.release(version) -> Release          the pin or a target, SeriesError if unknown
+    Lock.lines -> tuple[LineEntry, ...]      the maintained lines on newer releases ([[lines]])
+    Lock.for_line(version) -> Lock           the lock as that line sees it: ``pin`` is the
+                                              release the line applies to (the pin itself for
+                                              the pin's version), so apply/verify/export work
+                                              unchanged on a line
     Lock.wheel_path(repo_path) -> str | None  repo ``python/sglang/x`` -> wheel ``sglang/x``
     Lock.repo_path(wheel_path) -> str | None  the inverse
     UNRESOLVED                                the placeholder for a commit not yet resolved
@@ -22,7 +27,7 @@ import os
 import re
 import tempfile
 import tomllib
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 from fp4series.errors import SeriesError
@@ -50,6 +55,15 @@ class Release:
 
 
 @dataclass(frozen=True)
+class LineEntry:
+    """A maintained series line: the series rebased onto a newer release (``[[lines]]``)."""
+
+    version: str  # the release it applies to: a [[targets]] entry with wheel and sha256
+    patches: str  # its directory, relative to the project: "patches/<version>"
+    rebased_from: str  # the line it was made from: the pin's version or another line's
+
+
+@dataclass(frozen=True)
 class Lock:
     repo_url: str
     pin: Release
@@ -58,6 +72,22 @@ class Lock:
     repo_prefix: str
     package: str = "sglang"
     path: Path | None = field(default=None, compare=False)
+    lines: tuple[LineEntry, ...] = ()
+
+    def line(self, version: str) -> LineEntry | None:
+        return next((ln for ln in self.lines if ln.version == version), None)
+
+    def for_line(self, version: str) -> Lock:
+        """This lock as the line on VERSION sees it: its ``pin`` is that release."""
+        if version == self.pin.version:
+            return self
+        if self.line(version) is None:
+            known = ", ".join([self.pin.version, *(ln.version for ln in self.lines)])
+            raise SeriesError(
+                f"there is no series line on {version} in {self.path}",
+                hint=f"lines: {known}; make one with scripts/rebase.sh --to {version}",
+            )
+        return replace(self, pin=self.release(version))
 
     def release(self, version: str) -> Release:
         for rel in [self.pin, *self.targets]:
@@ -165,7 +195,45 @@ def load_lock(path: Path | str) -> Lock:
         if t.version in seen:
             raise _bad(path, f"version {t.version} is listed twice")
         seen.add(t.version)
-    return Lock(repo_url, pinned, targets, wheel_prefix, repo_prefix, package, path)
+    lines = _lines(path, data.get("lines", []), pinned, targets)
+    return Lock(repo_url, pinned, targets, wheel_prefix, repo_prefix, package, path, lines)
+
+
+def _lines(path: Path, raw: object, pin: Release, targets: list[Release]) -> tuple[LineEntry, ...]:
+    """``[[lines]]``: each on a verifiable target, in patches/<version>, made from a known line."""
+    if not isinstance(raw, list):
+        raise _bad(path, "lines must be an array of tables ([[lines]])")
+    by_version = {t.version: t for t in targets}
+    out: list[LineEntry] = []
+    for i, table in enumerate(raw):
+        where = f"[[lines]] #{i + 1}"
+        if not isinstance(table, dict):
+            raise _bad(path, f"{where} is not a table")
+        version = _str(path, table, "version", where)
+        target = by_version.get(version)
+        if target is None:
+            raise _bad(path, f"{where}.version {version!r} is not a [[targets]] release")
+        if not (target.wheel_filename and target.sha256):
+            raise _bad(
+                path,
+                f"{where}: release {version} has no wheel_filename/sha256 yet",
+                hint=f"record it first: scripts/fetch-upstream.sh DEST --version {version}",
+            )
+        patches = _str(path, table, "patches", where, required=False) or f"patches/{version}"
+        if patches != f"patches/{version}":
+            raise _bad(path, f"{where}.patches must be 'patches/{version}', not {patches!r}")
+        source = _str(path, table, "rebased_from", where)
+        known = [pin.version, *(ln.version for ln in out)]
+        if source not in known:
+            raise _bad(
+                path,
+                f"{where}.rebased_from {source!r} is neither the pin nor an earlier line",
+                hint=f"one of: {', '.join(known)}",
+            )
+        if version in known:
+            raise _bad(path, f"{where}: there is already a line on {version}")
+        out.append(LineEntry(version, patches, source))
+    return tuple(out)
 
 
 # --- in-place recording (keeps comments and layout) ------------------------------------------

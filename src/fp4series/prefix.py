@@ -24,10 +24,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from fp4series.errors import SeriesError
+from fp4series.line import Line, add_line_option, resolve_line
 
 NON_CPU_KINDS = ("gpu", "bench")
 PYTEST_NO_TESTS = 5
-SUITES = ("tests/tooling", "tests/sglang", "tests/serve", "tests/gpu")
 
 
 @dataclass(frozen=True)
@@ -169,11 +169,15 @@ def run_prefixes(
     tally: Tally,
     only: int | None = None,
     pytest_args: list[str] | None = None,
+    line: Line | None = None,
 ) -> int:
-    """Run every prefix's tests; print a line per prefix and a summary; return 0 or 1."""
-    patches = load_patches(root / "patches")
+    """Run every prefix's tests; print a line per prefix and a summary; return 0 or 1.
+    LINE: the series line (default: the pin's layout under ROOT, patches/ and .work/)."""
+    patches_dir = line.patches_dir if line else root / "patches"
+    work = line.work if line else root / ".work"
+    patches = load_patches(patches_dir)
     if not patches:
-        print("[prefix] patches/series is empty: no prefixes to test", flush=True)
+        print(f"[prefix] {patches_dir / 'series'} is empty: no prefixes to test", flush=True)
         return 0
     shas = series_commits(checkout, base, patches)
     results: list[tuple[int, str, str]] = []
@@ -195,7 +199,7 @@ def run_prefixes(
             tally.failures.append(f"prefix {k}")
             results.append((k, info.name, status))
             continue
-        wt = root / ".work" / "prefix" / f"{k:02d}"
+        wt = work / "prefix" / f"{k:02d}"
         ensure_worktree(checkout, wt, shas[k - 1])
         env = dict(os.environ)
         env["PYTHONPATH"] = os.pathsep.join(
@@ -203,7 +207,7 @@ def run_prefixes(
             + ([env["PYTHONPATH"]] if env.get("PYTHONPATH") else [])
         )
         env["FP4SERIES_PREFIX"] = str(k)
-        junit = root / ".work" / "test-results" / f"prefix-{k:02d}.xml"
+        junit = work / "test-results" / f"prefix-{k:02d}.xml"
         rc, status = run_pytest(
             python, ["-q", *(pytest_args or []), *tests], root=root, junit=junit,
             label=f"{label} at {shas[k - 1][:10]}", env=env,
@@ -221,11 +225,15 @@ def run_prefixes(
     return 1 if any("FAILED" in r[2] for r in results) else 0
 
 
-def run_all(root: Path, python: Path, checkout: Path, pytest_args: list[str]) -> int:
-    """The README's test command: suites, report checks, prefixes; one closing tally line."""
+def run_all(
+    root: Path, python: Path, checkout: Path, pytest_args: list[str], line: Line | None = None
+) -> int:
+    """The README's test command for a line: its suites, report checks, prefixes; one closing
+    tally line."""
+    line = line or resolve_line(root=root)
     tally = Tally()
     rcs: list[int] = []
-    results = root / ".work" / "test-results"
+    results = line.results_dir
     if pytest_args:  # a targeted run: exactly what the caller named, nothing else
         junit = results / "targeted.xml"
         rc, status = run_pytest(python, pytest_args, root=root, junit=junit, label="[test]")
@@ -233,7 +241,8 @@ def run_all(root: Path, python: Path, checkout: Path, pytest_args: list[str]) ->
         print(f"[test] {status}")
         print(f"{tally.passed} passed, {tally.failed} failed, {tally.skipped} skipped", flush=True)
         return rc
-    for suite in SUITES:
+    print(f"[test] {line.label}: {', '.join(line.cpu_suites)}", flush=True)
+    for suite in line.cpu_suites:
         folder = root / suite
         has_tests = folder.is_dir() and any(folder.rglob("test_*.py"))
         if not has_tests:
@@ -252,10 +261,16 @@ def run_all(root: Path, python: Path, checkout: Path, pytest_args: list[str]) ->
         rcs.append(rc)
     if os.environ.get("FP4SERIES_SKIP_REPORTS") == "1":
         print("[test] check-reports: skipped (FP4SERIES_SKIP_REPORTS=1)", flush=True)
+    elif not line.is_pin and not line.reports_dir.is_dir():
+        shown = line.reports_dir.relative_to(root)
+        print(f"[test] check-reports: no GPU reports for {line.label} ({shown}): pending")
     elif importlib.util.find_spec("fp4series.report") is not None:
         print("[test] check-reports ...", flush=True)
+        reports = ["--dir", str(line.reports_dir.relative_to(root))]
         rc = subprocess.run(
-            [str(python), "-m", "fp4series", "check-reports", "--allow-none"], cwd=root, check=False
+            [str(python), "-m", "fp4series", "check-reports", "--allow-none", *reports],
+            cwd=root,
+            check=False,
         ).returncode
         print(f"[test] check-reports: {'passed' if rc == 0 else f'FAILED (exit {rc})'}")
         if rc != 0:
@@ -273,8 +288,10 @@ def run_all(root: Path, python: Path, checkout: Path, pytest_args: list[str]) ->
 
         if not (checkout / ".git").exists():
             raise SeriesError(f"{checkout} is not a git checkout", hint="run scripts/main.sh first")
-        base = resolve_base(checkout, None)
-        rcs.append(run_prefixes(checkout, root=root, python=python, base=base, tally=tally))
+        base = resolve_base(checkout, line.tag)
+        rcs.append(
+            run_prefixes(checkout, root=root, python=python, base=base, tally=tally, line=line)
+        )
     if tally.failures:
         print("[test] failed: " + ", ".join(tally.failures))
     if tally.passed + tally.failed == 0:
@@ -284,36 +301,43 @@ def run_all(root: Path, python: Path, checkout: Path, pytest_args: list[str]) ->
     return 0 if all(rc == 0 for rc in rcs) else 1
 
 
-def _paths(args: argparse.Namespace) -> tuple[Path, Path, Path]:
+def _paths(args: argparse.Namespace) -> tuple[Path, Path, Path, Line]:
     from fp4series.paths import project_root
     from fp4series.workspace import venv_python
 
     root = project_root()
-    checkout = Path(args.checkout or root / ".work" / "checkout").resolve()
-    python = Path(args.python) if args.python else venv_python(root / ".work" / "venv")
+    line = resolve_line(args.line, root=root)
+    checkout = Path(args.checkout or line.checkout).resolve()
+    python = Path(args.python) if args.python else venv_python(line.venv)
     if not python.exists():
+        if not line.is_pin:
+            raise SeriesError(
+                f"{python} does not exist: {line.label} has its own test venv",
+                hint=f"run scripts/main.sh --line {line.version} (or scripts/build.sh --line "
+                f"{line.version} {line.checkout}) first",
+            )
         python = Path(sys.executable)
-    return root, checkout, python
+    return root, checkout, python, line
 
 
 def _cmd_prefixes(args: argparse.Namespace) -> int:
     from fp4series.workspace import resolve_base
 
-    root, checkout, python = _paths(args)
+    root, checkout, python, line = _paths(args)
     if not (checkout / ".git").exists():
         raise SeriesError(f"{checkout} is not a git checkout", hint="run scripts/main.sh first")
     tally = Tally()
     rc = run_prefixes(
-        checkout, root=root, python=python, base=resolve_base(checkout, args.base),
-        tally=tally, only=args.only, pytest_args=_strip_dashdash(args.pytest_args),
+        checkout, root=root, python=python, base=resolve_base(checkout, args.base or line.tag),
+        tally=tally, only=args.only, pytest_args=_strip_dashdash(args.pytest_args), line=line,
     )  # fmt: skip
     print(f"{tally.passed} passed, {tally.failed} failed, {tally.skipped} skipped")
     return rc
 
 
 def _cmd_test(args: argparse.Namespace) -> int:
-    root, checkout, python = _paths(args)
-    return run_all(root, python, checkout, _strip_dashdash(args.pytest_args))
+    root, checkout, python, line = _paths(args)
+    return run_all(root, python, checkout, _strip_dashdash(args.pytest_args), line=line)
 
 
 def _strip_dashdash(args: list[str]) -> list[str]:
@@ -326,6 +350,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         help="for k = 1..n run the CPU tests named by patches 1..k on a worktree of commit k",
     )
     p.add_argument("checkout", nargs="?", help="series checkout (default .work/checkout)")
+    add_line_option(p)
     p.add_argument("--base", help="commit of the pin (default: the lock's tag)")
     p.add_argument("--only", type=int, help="run prefix K only")
     p.add_argument("--python", help="interpreter with the test deps (default .work/venv)")
@@ -337,6 +362,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         "(what scripts/test.sh runs)",
     )
     t.add_argument("--checkout", help="series checkout (default .work/checkout)")
+    add_line_option(t)
     t.add_argument("--python", help="interpreter with the test deps (default .work/venv)")
     t.add_argument(
         "pytest_args",

@@ -58,6 +58,7 @@ from pathlib import Path
 from typing import Any
 
 from fp4series.errors import SeriesError
+from fp4series.line import add_line_option
 from fp4series.overlap import load_patch_docs
 from fp4series.rebase.matrix import Target, run_matrix
 from fp4series.rebase.policy import POLICIES, apply_policy, load_baseline, regenerate_command
@@ -98,27 +99,40 @@ def prepare_release(lock: Any, version: str, work: Path, cache: Path) -> Target:
     return Target(version, dest, tag)
 
 
+def newer_targets(lock: Any, version: str) -> list[str]:
+    """The lock's rebase targets after VERSION (all of them after the pin), in lock order."""
+    names = [t.version for t in lock.targets]
+    return names[names.index(version) + 1 :] if version in names else names
+
+
 def cmd_rebase_check(args: argparse.Namespace) -> int:
-    from fp4series import lock as lock_mod
     from fp4series import paths
+    from fp4series.line import resolve_line
 
     root = paths.project_root()
     lock_path = Path(args.lock) if args.lock else paths.default_lock_path()
-    patches_dir = Path(args.patches_dir) if args.patches_dir else paths.default_patches_dir()
+    line = resolve_line(args.line, lock_path=lock_path, root=root)
+    patches_dir = Path(args.patches_dir) if args.patches_dir else line.patches_dir
     cache = paths.default_cache_dir()
     work = root / ".work"
-    lock = lock_mod.load_lock(lock_path)
+    lock = line.lock
     docs = load_patch_docs(patches_dir)
     if not docs:
         raise SeriesError(f"the series in {patches_dir} is empty", hint="add patches first")
+    wanted = args.releases or newer_targets(lock, line.version)
+    if not wanted:
+        print(f"no release after {line.version} in {lock_path}: {line.label} has nothing to be "
+              "judged against yet")  # fmt: skip
+        return 0
     baseline: dict[str, Any] | None = None
     regen = ""
     if args.policy == "baseline":  # fail before the (minutes long) check when it cannot pass
-        base_path = Path(args.baseline) if args.baseline else root / "reports/rebase-check.json"
+        base_path = Path(args.baseline) if args.baseline else line.rebase_matrix
         shown = _display(base_path, root)
         regen = regenerate_command(shown, str(Path(shown).with_suffix(".md")))
+        if not line.is_pin:
+            regen = regen.replace("rebase-check.sh ", f"rebase-check.sh --line {line.version} ")
         baseline = load_baseline(base_path, [d.name for d in docs], regen)
-    wanted = args.releases or [t.version for t in lock.targets]
     releases = [lock.release(v) for v in wanted]
     log = lambda s: print(s, file=sys.stderr, flush=True)  # noqa: E731
     pin = prepare_release(lock, lock.pin.version, work, cache)
@@ -127,7 +141,7 @@ def cmd_rebase_check(args: argparse.Namespace) -> int:
         start = time.monotonic()
         try:
             targets.append(prepare_release(lock, rel.version, work, cache))
-            lock = lock_mod.load_lock(lock_path)
+            lock = resolve_line(args.line, lock_path=lock_path, root=root).lock
         except (SeriesError, OSError, subprocess.SubprocessError) as exc:
             targets.append((rel.version, f"fetch/materialize failed: {exc}"))
         took = time.monotonic() - start
@@ -175,7 +189,13 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         description=__doc__,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
-    p.add_argument("--releases", nargs="+", metavar="VERSION", help="default: all lock targets")
+    add_line_option(p)
+    p.add_argument(
+        "--releases",
+        nargs="+",
+        metavar="VERSION",
+        help="default: every lock target after the line's release",
+    )
     p.add_argument("--json", metavar="OUT", help="write the JSON matrix here")
     p.add_argument("--md", metavar="OUT", help="write the Markdown table here")
     p.add_argument(
