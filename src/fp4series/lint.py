@@ -589,7 +589,7 @@ def lint_paths(
         problems += lint_patch(path, root=root, series_names=names)
     notes = notes if notes is not None else []
     warnings = warnings if warnings is not None else []
-    if cross_check_matrix:
+    if cross_check_matrix and targets:
         found = _cross_check_paths(targets, names, root, matrix, notes)
         problems += found.problems
         warnings += found.warnings
