@@ -1,6 +1,9 @@
 #!/usr/bin/env bash
 # One upstream PR branch per patch (or Group:) in REPO, with its tests and a PR description:
 #   scripts/split.sh REPO [--base pin|VERSION|auto] [--patches P ...] [--run-tests]
+#     [--python PY] [--patches-dir DIR] [--series-base VERSION] [--reports-dir DIR]
+#     [--keep-trailers] [--out-dir DIR]
+# Writes OUT-DIR/split-record.json and, for a branch split before, OUT-DIR/<unit>.range-diff.txt.
 # Never pushes: prints the `git push` / `gh pr create` commands. `scripts/split.sh --overlap`
 # prints which lines two patches both touch instead (python -m fp4series overlap).
 # Python: $FP4SERIES_PYTHON, else .work/venv, else .work/tooling-venv (first use; lib/python.sh).

@@ -1,9 +1,29 @@
 """Patch linter (also the pre-commit hook): form, message sections, trailers, whitespace, series,
-and that every patch is whole (its end marker; its blob ids, replayed on the pin's files).
+that every patch is whole (its end marker; its blob ids, replayed on the pin's files), and that
+its Upstream-Status agrees with the latest rebase-check verdict.
 
-Messages read `patches/0003-x.patch:12: what is wrong`, one per problem, exit 1 if any.
-The linter refuses whatever apply or split would refuse (series entries and Group: values that
-are not plain names, patches that do not parse).
+Messages read `patches/0003-x.patch:12: what is wrong`, one per problem, exit 1 if any;
+warnings (`warning: patches/...:12: ...`) and notes (what was skipped) go to stderr and do not
+fail. The linter refuses whatever apply or split would refuse (series entries and Group: values
+that are not plain names, patches that do not parse).
+
+Upstream-Status (DEP-3 / Yocto vocabulary): `Pending`, `Submitted [url]` (a URL or
+owner/repo#N), `Backport [commit or version]` (naming a commit id, a release, owner/repo#N or a
+URL), `Denied`, `Inappropriate [reason]`, `Inactive-Upstream` (optionally with Yocto's
+`[lastcommit: ..., lastrelease: ...]`). `Rebased-From: <source patch file name> <patch-id>`,
+where present (a line's patch made from a patch of its source line), must name an
+NNNN-stem.patch file and a 40-hex `git patch-id --stable`.
+
+Cross-check with the rebase check (``--matrix FILE``, default reports/rebase-check.json; absent:
+skipped with a note; ``--no-matrix``): on the newest release the matrix checked, a patch whose
+effective verdict (``moved`` counts as its re-judged verdict) is ``upstream`` must say
+`Backport [...]` where it landed, or be dropped: anything else is a problem. ``partly-upstream``
+is a warning (it must be shrunk on a line on that release), not a problem: the pin's line is
+kept as it is for its users and legitimately carries patches upstream later took in part, so
+a problem would fail every lint of the pin's series until it is abandoned. The cross-check is
+skipped with a note when the matrix was made for another series (other patch names or order,
+the rule of rebase-check's baseline policy; or, where the matrix stores them, a `patch_ids` /
+`patch_sha256` entry that differs: that patch was edited since) or when a patch is not in it.
 
 The blob check needs the pin's blobs: a git repo holding the lock's pin tag, by default
 <root>/.work/upstream/<tag> (made by scripts/main.sh or scripts/fetch-upstream.sh). Without it
@@ -14,26 +34,37 @@ Public API (stable):
     lint_patch(path, *, root, series_names=None) -> list[Problem]
     lint_series(patches_dir) -> list[Problem]
     lint_blobs(patches_dir, pin_repo, rev) -> (list[Problem], list[str] notes)
-    lint_paths(paths, *, root, patches_dir, pin=None, require_pin=False, notes=None)
-        -> list[Problem]     what the CLI runs; notes (a list) receives what was skipped
+    lint_paths(paths, *, root, patches_dir, pin=None, require_pin=False, notes=None,
+               matrix=None, cross_check_matrix=True, warnings=None) -> list[Problem]
+        what the CLI runs; notes (a list) receives what was skipped, warnings (a list of
+        Problem) what does not fail; MATRIX: the rebase-check JSON (default
+        <root>/reports/rebase-check.json)
+    cross_check(patches, matrix_data, *, series_names, shown) -> MatrixCheck
+        (problems, warnings, notes); load_matrix(path) -> dict; matrix_release(data) -> str|None
+        (the newest release checked); effective_verdict(data, patch, release) -> str|None
+    status_problem(value) -> str|None; rebased_from_problem(value) -> str|None
     Problem(path, line, message); str(problem) is the one-line form above
-    UPSTREAM_STATUS   regex of allowed Upstream-Status values
-CLI: lint [FILES...] [--line VERSION] [--pin REPO] [--blobs]   (no FILES: every patch of the
-     line plus its series file; FILES from several lines are linted per line; an upstream.lock
-     among FILES is validated too)
+    UPSTREAM_STATUS   regex of allowed Upstream-Status values; STATUS_FORMS their spelling
+CLI: lint [FILES...] [--line VERSION] [--pin REPO] [--blobs] [--matrix FILE | --no-matrix]
+     (no FILES: every patch of the line plus its series file; FILES from several lines are
+     linted per line; an upstream.lock among FILES is validated too)
 """
 
 from __future__ import annotations
 
 import argparse
+import hashlib
+import json
 import re
 import sys
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 from fp4series import paths
 from fp4series.errors import SeriesError
 from fp4series.lock import load_lock
+from fp4series.patchid import PATCH_ID, stable_patch_id
 from fp4series.series import (
     END_MARKER,
     SERIES_FILE,
@@ -46,9 +77,21 @@ from fp4series.series import (
 
 SUBJECT_MAX = 72
 SECTIONS = ("Why:", "What:", "How verified:")
+# DEP-3 / Yocto Upstream-Status vocabulary (docs.yoctoproject.org, "Patch Upstream Status").
+_BRACKET = r"\[\S(?:[^\]]*\S)?\]"
 UPSTREAM_STATUS = re.compile(
-    r"^(Pending|Submitted \[\S.*\]|Backport \[\S.*\]|Inappropriate \[\S.*\])$"
+    rf"^(Pending|Submitted {_BRACKET}|Backport {_BRACKET}|Denied|Inappropriate {_BRACKET}"
+    rf"|Inactive-Upstream(?: {_BRACKET})?)$"
 )
+STATUS_FORMS = (
+    "Pending | Submitted [url] | Backport [commit or version] | Denied | "
+    "Inappropriate [reason] | Inactive-Upstream"
+)
+# where a change was submitted or landed: a URL, owner/repo#N or #N, a commit, a version
+_URL = re.compile(r"^https?://\S+$")
+_REF = re.compile(r"^(?:[A-Za-z0-9_.-]+/[A-Za-z0-9_.-]+)?#\d+$")
+_COMMIT = re.compile(r"^[0-9a-f]{7,40}$")
+_VERSION = re.compile(r"^v?\d+(?:\.\d+)+(?:(?:\.post|\.dev|rc|a|b)\d+)?$")
 TEST_PREFIXES = ("gpu:", "bench:")
 WHITESPACE_CHECKED = (".py", ".pyi", ".h", ".cuh", ".cu", ".cc", ".cpp", ".c", ".hpp", ".toml")
 _NAME = re.compile(r"^\d{4}-[a-z0-9][a-z0-9.-]*\.patch$")
@@ -108,6 +151,64 @@ def _check_message(patch: Patch, lines: list[str], say: list[tuple[int, str]]) -
             say.append((body_start + idx + 1, f"'{section}' section is empty"))
 
 
+def _bracket(value: str) -> str:
+    return value[value.index("[") + 1 : -1].strip()
+
+
+def status_problem(status: str) -> str | None:
+    """Why STATUS is not an Upstream-Status of the DEP-3/Yocto vocabulary, or None."""
+    value = status.strip()
+    if not UPSTREAM_STATUS.match(value):
+        keyword = value.split(" ", 1)[0].split("[", 1)[0]
+        need = {
+            "Submitted": "Submitted [url] (where it was submitted: a PR URL or owner/repo#N)",
+            "Backport": "Backport [commit or version] (where upstream has it)",
+            "Inappropriate": "Inappropriate [reason] (why it is not for upstream)",
+            "Pending": "Pending, alone",
+            "Denied": "Denied, alone (say why in the message)",
+            "Inactive-Upstream": "Inactive-Upstream (or with [lastcommit: ..., lastrelease: ...])",
+        }.get(keyword)
+        form = f"; for {keyword} write {need}" if need else ""
+        return f"Upstream-Status {status!r} is not one of: {STATUS_FORMS}{form}"
+    if value.startswith("Submitted"):
+        where = _bracket(value)
+        if not (_URL.match(where) or _REF.match(where)):
+            return (
+                f"Upstream-Status {status!r}: Submitted [url] must say where it was submitted "
+                "(a URL, or owner/repo#N for a pull request)"
+            )
+    if value.startswith("Backport"):
+        tokens = [t for t in re.split(r"[,\s]+", _bracket(value)) if t]
+        if not any(_URL.match(t) or _REF.match(t) or _COMMIT.match(t) or _VERSION.match(t)
+                   for t in tokens):  # fmt: skip
+            return (
+                f"Upstream-Status {status!r}: Backport [commit or version] must name where "
+                "upstream has it (a commit id, a release such as 0.5.13, owner/repo#N or a URL)"
+            )
+    return None
+
+
+def rebased_from_problem(value: str) -> str | None:
+    """Why a Rebased-From: value is not '<source patch file name> <stable patch-id>'."""
+    words = value.split()
+    form = (
+        "it must be 'Rebased-From: <source patch file name> <stable patch-id>', e.g. "
+        "'Rebased-From: 0004-marlin-utils-fp4.patch <40 hex of git patch-id --stable>'"
+    )
+    if "," in value:
+        return f"Rebased-From: given more than once ({value!r}); a patch has one source: {form}"
+    if len(words) != 2:
+        return f"Rebased-From: {value!r} has {len(words)} field(s), not 2: {form}"
+    name, pid = words
+    if not _NAME.match(name):
+        return (
+            f"Rebased-From: {name!r} does not look like a patch file name (NNNN-stem.patch): {form}"
+        )
+    if not PATCH_ID.match(pid):
+        return f"Rebased-From: {pid!r} is not a stable patch-id (40 lower-case hex): {form}"
+    return None
+
+
 def _check_trailers(
     patch: Patch, lines: list[str], root: Path, names: list[str] | None, say: list[tuple[int, str]]
 ) -> None:
@@ -116,14 +217,10 @@ def _check_trailers(
     status_line = _line_of(lines, "Upstream-Status:")
     if status is None:
         say.append((end, "no 'Upstream-Status:' trailer in the last paragraph of the message"))
-    elif not UPSTREAM_STATUS.match(status.strip()):
-        say.append(
-            (
-                status_line,
-                f"Upstream-Status {status!r} is not one of: Pending | Submitted [url] | "
-                "Backport [ref] | Inappropriate [reason]",
-            )
-        )
+    else:
+        bad = status_problem(status)
+        if bad:
+            say.append((status_line, bad))
     tests_line = _line_of(lines, "Tests:")
     if not patch.tests():
         say.append((tests_line or end, "no 'Tests:' trailer naming the tests that prove the patch"))
@@ -152,6 +249,11 @@ def _check_trailers(
                     "directory of scripts/split.sh",
                 )
             )
+    rebased = patch.trailers.get("Rebased-From")
+    if rebased is not None:
+        bad = rebased_from_problem(rebased)
+        if bad:
+            say.append((_line_of(lines, "Rebased-From:"), bad))
     if names is not None:
         dep_line = _line_of(lines, "Depends-On:")
         earlier = names[: names.index(patch.name)] if patch.name in names else names
@@ -242,6 +344,187 @@ def lint_blobs(patches_dir: Path, pin_repo: Path, rev: str) -> tuple[list[Proble
     return problems, notes
 
 
+# ---------------------------------------------------------------------------------------------
+# headers against the rebase-check matrix
+
+DEFAULT_MATRIX = Path("reports") / "rebase-check.json"
+_EVIDENCE_MAX = 200
+
+
+def load_matrix(path: Path) -> dict[str, Any]:
+    """The rebase-check JSON at PATH with its shape checked (``releases``, ``patches``,
+    ``verdicts``; see rebase/matrix.py); SeriesError when it is missing or unusable."""
+    hint = (
+        "regenerate it: scripts/rebase-check.sh --policy report --json reports/rebase-check.json "
+        "--md reports/rebase-check.md (or lint with --no-matrix)"
+    )
+    try:
+        data = json.loads(path.read_text(encoding="utf-8"))
+    except FileNotFoundError:
+        raise SeriesError(f"rebase-check matrix {path} does not exist", hint=hint) from None
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
+        raise SeriesError(
+            f"rebase-check matrix {path} is not readable JSON: {exc}", hint=hint
+        ) from exc
+    if (
+        not isinstance(data, dict)
+        or not isinstance(data.get("releases"), list)
+        or not isinstance(data.get("patches"), list)
+        or not isinstance(data.get("verdicts"), dict)
+    ):
+        raise SeriesError(
+            f"rebase-check matrix {path} lacks `releases`, `patches` or `verdicts`", hint=hint
+        )
+    return data
+
+
+def matrix_release(data: dict[str, Any]) -> str | None:
+    """The newest release of the matrix that was checked (one that failed to fetch or judge, in
+    ``errors`` or without any verdict, is passed over), or None."""
+    errors = data.get("errors") or {}
+    for rel in reversed(data["releases"]):
+        if rel in errors:
+            continue
+        if any(isinstance(v, dict) and rel in v for v in data["verdicts"].values()):
+            return str(rel)
+    return None
+
+
+def effective_verdict(data: dict[str, Any], patch: str, release: str) -> str | None:
+    """The verdict of PATCH on RELEASE, a ``moved`` one replaced by its re-judged verdict."""
+    verdict = (data["verdicts"].get(patch) or {}).get(release)
+    if verdict == "moved":
+        detail = ((data.get("details") or {}).get(patch) or {}).get(release) or {}
+        return detail.get("moved_verdict") or verdict
+    return verdict
+
+
+def _evidence(data: dict[str, Any], patch: str, release: str) -> str:
+    detail = ((data.get("details") or {}).get(patch) or {}).get(release) or {}
+    text = " ".join(str(detail.get("evidence", "")).split())
+    return text if len(text) <= _EVIDENCE_MAX else text[: _EVIDENCE_MAX - 3] + "..."
+
+
+def _upstream_since(data: dict[str, Any], patch: str, release: str) -> str:
+    """The first release of the run of ``upstream`` verdicts that ends at RELEASE."""
+    rels = [r for r in data["releases"] if r in (data["verdicts"].get(patch) or {})]
+    since = release
+    for rel in reversed(rels[: rels.index(release) + 1] if release in rels else []):
+        if effective_verdict(data, patch, rel) != "upstream":
+            break
+        since = rel
+    return since
+
+
+def matrix_mismatch(data: dict[str, Any], series_names: list[str]) -> str | None:
+    """Why DATA was made for another series than SERIES_NAMES (the rule of
+    rebase.policy.load_baseline: the same patch names in the same order), or None."""
+    old, new = [str(x) for x in data["patches"]], list(series_names)
+    if old == new:
+        return None
+    diff = [f"-{x}" for x in old if x not in new] + [f"+{x}" for x in new if x not in old]
+    return ", ".join(diff) if diff else "same patches, other order"
+
+
+def _stored_identity_mismatch(data: dict[str, Any], patch: Patch) -> str | None:
+    """Why PATCH differs from the version the matrix judged, when the matrix stores ids
+    (``patch_ids``: stable patch-id per name, ``patch_sha256``: sha256 per name)."""
+    ids = data.get("patch_ids")
+    if isinstance(ids, dict) and isinstance(ids.get(patch.name), str):
+        now = stable_patch_id(patch.text)
+        if now != ids[patch.name]:
+            return f"its patch-id is {now}, the matrix judged {ids[patch.name]}"
+    sums = data.get("patch_sha256")
+    if isinstance(sums, dict) and isinstance(sums.get(patch.name), str):
+        now = hashlib.sha256(patch.path.read_bytes()).hexdigest()
+        if now != sums[patch.name]:
+            return f"its sha256 is {now[:12]}..., the matrix judged {sums[patch.name][:12]}..."
+    return None
+
+
+@dataclass
+class MatrixCheck:
+    """What the cross-check found: PROBLEMS fail the lint, WARNINGS do not, NOTES say what was
+    not checked."""
+
+    problems: list[Problem] = field(default_factory=list)
+    warnings: list[Problem] = field(default_factory=list)
+    notes: list[str] = field(default_factory=list)
+
+
+def cross_check(
+    patches: list[Patch], data: dict[str, Any], *, series_names: list[str], shown: str
+) -> MatrixCheck:
+    """Each patch's Upstream-Status against its effective verdict on the newest release the
+    matrix DATA (shown as SHOWN) checked:
+
+    - ``upstream``: the status must be ``Backport [...]`` naming where it landed, or the patch
+      is dropped; anything else (Pending, Submitted, ...) is a problem;
+    - ``partly-upstream``: a warning: upstream has part of it, so a line on that release must
+      carry only the remainder (the pin's own line cannot shrink, which is why it is no problem);
+    - skipped with a note: the matrix was made for another series (other patch names or order,
+      as rebase-check's baseline policy decides; or a stored patch-id / sha256 that differs:
+      that patch was edited since), the patch is not in it, or no release was checked.
+    """
+    out = MatrixCheck()
+    other = matrix_mismatch(data, series_names)
+    if other is not None:
+        out.notes.append(
+            f"Upstream-Status cross-check skipped: {shown} was made for another series ({other})"
+        )
+        return out
+    release = matrix_release(data)
+    if release is None:
+        out.notes.append(f"Upstream-Status cross-check skipped: {shown} checked no release")
+        return out
+    for patch in patches:
+        where = _display(patch.path)
+        if patch.name not in data["patches"]:
+            out.notes.append(f"Upstream-Status cross-check of {patch.name} skipped: not in {shown}")
+            continue
+        changed = _stored_identity_mismatch(data, patch)
+        if changed:
+            out.notes.append(
+                f"Upstream-Status cross-check of {patch.name} skipped: edited since {shown} "
+                f"was made ({changed}); regenerate the matrix"
+            )
+            continue
+        verdict = effective_verdict(data, patch.name, release)
+        if verdict is None:
+            out.notes.append(
+                f"Upstream-Status cross-check of {patch.name} skipped: no verdict on {release} "
+                f"in {shown}"
+            )
+            continue
+        status = (patch.upstream_status or "").strip()
+        line = _line_of(patch.text.split("\n"), "Upstream-Status:")
+        evidence = _evidence(data, patch.name, release)
+        because = f" ({evidence})" if evidence else ""
+        if verdict == "upstream" and not status.startswith("Backport"):
+            since = _upstream_since(data, patch.name, release)
+            out.problems.append(
+                Problem(
+                    where,
+                    line,
+                    f"Upstream-Status {status or '(none)'!r} but the rebase check ({shown}) "
+                    f"judges it `upstream` on {release} (since {since}){because}: a patch "
+                    "upstream has cannot stay Pending/Submitted; write 'Upstream-Status: "
+                    f"Backport [<commit, PR or release: {since}>]' naming where it landed, or "
+                    "drop it from the series",
+                )
+            )
+        elif verdict == "partly-upstream":
+            out.warnings.append(
+                Problem(
+                    where,
+                    line,
+                    f"partly upstream on {release} per {shown}{because}: a line on {release} "
+                    "or later must carry it shrunk to what upstream still lacks",
+                )
+            )
+    return out
+
+
 def _pin_location(root: Path, pin: Path | None, line: str | None) -> tuple[Path, str] | None:
     """(repo, tag) of the release LINE applies to (None: the pin's line), to check blobs
     against; None when the lock cannot say."""
@@ -254,6 +537,28 @@ def _pin_location(root: Path, pin: Path | None, line: str | None) -> tuple[Path,
     return (pin or found.upstream_dir), found.tag
 
 
+def _cross_check_paths(
+    targets: list[Path], names: list[str], root: Path, matrix: Path | None, notes: list[str]
+) -> MatrixCheck:
+    path = matrix if matrix is not None else root / DEFAULT_MATRIX
+    shown = _display(path)
+    if matrix is None and not path.exists():
+        return MatrixCheck(notes=[f"Upstream-Status cross-check skipped: no matrix at {shown}"])
+    try:
+        data = load_matrix(path)
+    except SeriesError as exc:
+        if matrix is not None:
+            raise
+        return MatrixCheck(problems=[Problem(shown, 0, str(exc))])
+    patches: list[Patch] = []
+    for target in targets:
+        try:
+            patches.append(parse_patch(target))
+        except SeriesError:
+            continue  # lint_patch reported it
+    return cross_check(patches, data, series_names=names, shown=shown)
+
+
 def lint_paths(
     files: list[Path],
     *,
@@ -263,11 +568,19 @@ def lint_paths(
     require_pin: bool = False,
     notes: list[str] | None = None,
     line: str | None = None,
+    matrix: Path | None = None,
+    cross_check_matrix: bool = True,
+    warnings: list[Problem] | None = None,
 ) -> list[Problem]:
     """Lint the given patch files (all of PATCHES_DIR when none), its series consistency and,
     where the base release's blobs are at hand (PIN, else the materialized release of LINE:
     <root>/.work/upstream/<tag> for the pin's line), the blob ids.
-    What was not checked is appended to NOTES; REQUIRE_PIN makes a missing pin an error."""
+    What was not checked is appended to NOTES; REQUIRE_PIN makes a missing pin an error.
+
+    The patches' Upstream-Status is cross-checked against the rebase-check MATRIX (default
+    <root>/reports/rebase-check.json, skipped with a note when absent; a MATRIX given that
+    cannot be read is a SeriesError); CROSS_CHECK_MATRIX=False skips it. Findings that do not
+    fail the lint (partly-upstream) are appended to WARNINGS."""
     targets = [f for f in files if f.suffix == ".patch"]
     if not files:
         targets = sorted(patches_dir.glob("*.patch"))
@@ -281,6 +594,12 @@ def lint_paths(
     for path in targets:
         problems += lint_patch(path, root=root, series_names=names)
     notes = notes if notes is not None else []
+    warnings = warnings if warnings is not None else []
+    if cross_check_matrix and targets:
+        found = _cross_check_paths(targets, names, root, matrix, notes)
+        problems += found.problems
+        warnings += found.warnings
+        notes += found.notes
     where = _pin_location(root, pin, line)
     if where is None and require_pin:
         raise SeriesError(
@@ -321,10 +640,29 @@ def _lint_jobs(args: argparse.Namespace) -> list[tuple[str | None, Path, list[Pa
     return [(line, folder, files) for folder, (line, files) in jobs.items()]
 
 
+def _line_matrix(line: str | None, root: Path, notes: list[str]) -> tuple[Path | None, bool]:
+    """(matrix, cross-check?) for LINE: a maintained line is checked against its own
+    rebase-check matrix (against newer releases), skipped with a note while it has none."""
+    from fp4series.line import resolve_line
+
+    if line is None:
+        return None, True
+    matrix = resolve_line(line, root=root).rebase_matrix
+    if matrix.is_file():
+        return matrix, True
+    notes.append(
+        f"Upstream-Status cross-check skipped for the {line} line: no matrix at "
+        f"{_display(matrix)} (no newer release judged yet)"
+    )
+    return None, False
+
+
 def _cmd_lint(args: argparse.Namespace) -> int:
     notes: list[str] = []
+    warnings: list[Problem] = []
     problems: list[Problem] = []
     for line, patches_dir, files in _lint_jobs(args):
+        matrix, cross = (args.matrix, True) if args.matrix else _line_matrix(line, args.root, notes)
         problems += lint_paths(
             files,
             root=args.root,
@@ -333,9 +671,14 @@ def _cmd_lint(args: argparse.Namespace) -> int:
             require_pin=args.blobs,
             notes=notes,
             line=line,
+            matrix=matrix,
+            cross_check_matrix=cross and not args.no_matrix,
+            warnings=warnings,
         )
     for problem in problems:
         print(problem)
+    for warning in warnings:
+        print(f"warning: {warning}", file=sys.stderr)
     for note in notes:
         print(f"note: {note}", file=sys.stderr)
     if problems:
@@ -363,4 +706,13 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument(
         "--blobs", action="store_true", help="a missing pin is an error, not a skipped check"
     )
+    p.add_argument(
+        "--matrix",
+        type=Path,
+        metavar="FILE",
+        help="rebase-check JSON to cross-check Upstream-Status against (default: "
+        "<root>/reports/rebase-check.json, skipped with a note when absent or made for another "
+        "series; a FILE given that cannot be read is an error)",
+    )
+    p.add_argument("--no-matrix", action="store_true", help="skip the Upstream-Status cross-check")
     p.set_defaults(func=_cmd_lint)

@@ -1,13 +1,54 @@
 """Split the series into single-purpose upstream PR branches, each carrying its own evidence.
 
 For each patch (or each ``Group:`` of patches) a branch ``nvfp4-marlin/<stem>`` is created in the
-given repository on the pin (or ``--base <version>`` / ``--base auto``: the newest release where the
-branch's patches still apply, from reports/rebase-check.json). It holds that patch plus only the
-patches it depends on: ``Depends-On:`` and patches whose added/changed lines its hunks touch
-(see ``fp4series overlap``), applied with ``git am``. With ``--run-tests`` the branch's declared
-non-GPU ``Tests:`` run against its tree (``PYTHONPATH=<worktree>/python``). A PR description in
-SGLang's template layout is written to ``.work/split/<stem>.md``. Nothing is pushed: the
-``git push`` / ``gh pr create`` commands are printed for a person to run.
+given repository on a base release: the pin (default), ``--base <version>`` (its materialized
+tag ``v<version>``, fetched into the repository when missing) or ``--base auto`` (the newest
+release where the branch's patches still apply, from reports/rebase-check.json). It holds that
+patch plus only the patches it depends on: ``Depends-On:`` and patches whose added/changed lines
+its hunks touch (see ``fp4series overlap``), applied with ``git am``: exactly (no 3-way) first;
+only on a base other than the series' own (``--series-base``, default the pin) does a patch
+that does not apply exactly fall back to ``git am -3``, which the log and the record say. A
+line's series on its own base (``--patches-dir patches/0.5.23 --base 0.5.23 --series-base
+0.5.23``) therefore applies exactly or fails. Commits keep author and date; the committer date
+is the author date, so re-splitting unchanged patches on an unchanged base gives the same head.
+
+Commit messages on the PR branches carry no internal trailers: ``Upstream-Status:``,
+``Tests:``, ``Provides:``, ``Depends-On:``, ``Group:`` and ``Rebased-From:`` describe this
+project's series (its test paths, its patch file names, its bookkeeping), mean nothing in
+upstream's history, and a maintainer expects a clean commit, so they are removed from the
+patches given to ``git am`` (other trailers, e.g. ``Signed-off-by:``, stay). ``--keep-trailers``
+keeps them (branches for review inside this project). The series files are never changed.
+
+With ``--run-tests`` the branch's declared non-GPU ``Tests:`` run against its tree
+(``PYTHONPATH=<worktree>/python``) with ``--python`` (default: .work/venv). A PR description in
+SGLang's template layout (Motivation from ``Why:``, Modifications from ``What:`` and the
+diffstat, Accuracy Tests from ``How verified:``, the branch's test run and the GPU numerics
+report in ``--reports-dir``, Benchmarking and Profiling from its bench report, Checklist) is
+written to ``<out-dir>/<unit>.md``. Nothing is pushed: the ``git push`` / ``gh pr create``
+commands are printed for a person to run.
+
+Record: ``<out-dir>/split-record.json`` lists per branch: branch, base (label, version, tag,
+commit), the patch files (name, sha256, stable patch-id; member or dependency), head commit,
+how they applied, whether trailers were kept, tests, when. On the next split into the same
+out dir, a branch already in the record is compared with its previous split: ``git range-diff
+<old base>..<old head> <new base>..<new head>`` is written to ``<out-dir>/<unit>.range-diff.txt``
+(and printed when it shows a change), with one summary line: unchanged / changed (how) / new.
+The previous commits stay reachable on refs split owns: ``refs/fp4series/split/<unit>/head``
+(the last split's head) and ``refs/fp4series/split/<unit>/previous`` (the one before it).
+
+Public API:
+    split(repo, docs, *, base, pin_version, pin_tag, pin_commit, out_dir, reports_dir,
+          only=None, runner=None, fetch_release=None, rebase_report=None, series_base=None,
+          keep_trailers=False, log=print) -> list[SplitResult]
+        SplitResult: unit, base (label), base_rev, ok, head, error, tests, applied
+        ("exact" / "three-way"), base_version, base_tag, change (the one-line summary),
+        range_diff (path or None), description (path)
+    strip_trailers(patch_text, drop=INTERNAL_TRAILERS) -> str
+    make_branch(repo, unit, base_rev, worktree, *, owner, three_way_fallback=False,
+                patch_files=None) -> BranchOutcome(ok, head, error, applied)
+    load_record(out_dir) -> dict; compare_with_previous(repo, result, prev_entry, entry)
+        -> (summary, range-diff text); pr_description(result, *, reports_dir) -> str
+    INTERNAL_TRAILERS, RECORD_FILE ("split-record.json"), REF_PREFIX ("refs/fp4series/split/")
 """
 
 from __future__ import annotations
@@ -22,6 +63,7 @@ import tempfile
 import xml.etree.ElementTree as ET
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
@@ -34,12 +76,19 @@ from fp4series.overlap import (
     load_patch_docs,
     register_overlap,
 )
+from fp4series.patchid import patch_identity
 from fp4series.paths import inside, remove_tree_inside, safe_name
+from fp4series.series import parse_trailers
 
 BRANCH_PREFIX = "nvfp4-marlin/"
 UPSTREAM_REPO = "sgl-project/sglang"
 DOCS = "https://docs.sglang.io/developer_guide/contribution_guide.html"
 APPLIES = ("clean", "offset", "three-way")
+INTERNAL_TRAILERS = ("Upstream-Status", "Tests", "Provides", "Depends-On", "Group", "Rebased-From")
+RECORD_FILE = "split-record.json"
+RECORD_SCHEMA = 1
+REF_PREFIX = "refs/fp4series/split/"
+RANGE_DIFF_CREATION_FACTOR = 100
 
 
 @dataclass
@@ -101,6 +150,11 @@ class SplitResult:
     description: Path | None = None
     dep_units: list[str] = field(default_factory=list)
     dep_reasons: dict[str, list[str]] = field(default_factory=dict)
+    applied: str = ""  # "exact" (git am) or "three-way" (git am -3)
+    base_version: str = ""
+    base_tag: str = ""
+    change: str = ""  # one line: unchanged / changed (...) / new, against the previous split
+    range_diff: Path | None = None
 
 
 def unit_name(doc: PatchDoc) -> str:
@@ -238,34 +292,101 @@ def auto_base(unit: Unit, report: Path) -> str:
     return best
 
 
+def strip_trailers(text: str, drop: Sequence[str] = INTERNAL_TRAILERS) -> str:
+    """TEXT (a format-patch file) without the trailers named in DROP in its message's last
+    paragraph (continuation lines included); the diff and every other line are kept."""
+    lines = text.split("\n")
+    try:
+        blank = lines.index("", 1)  # end of the mail headers
+    except ValueError:
+        return text
+    end = blank + 1
+    while end < len(lines) and lines[end] != "---" and not lines[end].startswith("diff --git "):
+        end += 1
+    message = lines[blank + 1 : end]
+    last = len(message)
+    while last > 0 and not message[last - 1].strip():
+        last -= 1
+    first = last
+    while first > 0 and message[first - 1].strip():
+        first -= 1
+    para = message[first:last]
+    if not para or not parse_trailers("\n".join(para)):
+        return text
+    wanted = {k.lower() for k in drop}
+    kept: list[str] = []
+    dropping = False
+    for ln in para:
+        if ln[:1] in (" ", "\t"):
+            if not dropping:
+                kept.append(ln)
+            continue
+        key = ln.split(":", 1)[0].strip().lower()
+        dropping = key in wanted
+        if not dropping:
+            kept.append(ln)
+    body = message[:first]
+    while body and not body[-1].strip():
+        body.pop()
+    if kept:
+        body += ["", *kept] if body else kept
+    tail = message[last:]
+    new_message = body + (tail if tail else [""])
+    return "\n".join(lines[: blank + 1] + new_message + lines[end:])
+
+
+@dataclass
+class BranchOutcome:
+    ok: bool
+    head: str = ""
+    error: str = ""
+    applied: str = ""  # "exact" or "three-way"
+
+
 def make_branch(
-    repo: Path, unit: Unit, base_rev: str, worktree: Path, *, three_way: bool, owner: Path
-) -> tuple[bool, str, str]:
-    """(ok, head, error): branch ``unit.branch`` at BASE_REV with the unit's patches via git am.
-    WORKTREE is re-created; it must lie inside OWNER (the split's out dir), checked first."""
+    repo: Path,
+    unit: Unit,
+    base_rev: str,
+    worktree: Path,
+    *,
+    owner: Path,
+    three_way_fallback: bool = False,
+    patch_files: Sequence[Path] | None = None,
+) -> BranchOutcome:
+    """Branch ``unit.branch`` at BASE_REV with the unit's patches (or PATCH_FILES, the same
+    patches prepared for the branch) via ``git am``: exactly; when that fails and
+    THREE_WAY_FALLBACK, again with ``-3``. The commits are made in WORKTREE (detached, left
+    there for the tests) and the branch is moved to them only on success: a failure leaves it
+    as it was. WORKTREE is re-created; it must lie inside OWNER (the split's out dir), checked
+    first."""
     worktree = inside(worktree, owner)
     if worktree.exists() or worktree.is_symlink():
         _git(repo, "worktree", "remove", "--force", str(worktree), check=False)
         remove_tree_inside(worktree, owner)
     _git(repo, "worktree", "prune")
     worktree.parent.mkdir(parents=True, exist_ok=True)
-    _git(repo, "worktree", "add", "-q", "-f", "-B", unit.branch, str(worktree), base_rev)
-    args = ["am", "-q", "--keep-cr", "--keep-non-patch"]  # keep "[Quant]" in subjects
-    if three_way:
-        args.append("-3")
-    proc = _git(
-        worktree,
-        *args,
-        *[str(p.path.resolve()) for p in unit.patches],
-        env=_committer_env(repo),
-        check=False,
-    )
-    if proc.returncode != 0:
+    # detached: the branch is set once its commits exist, and is never checked out here, so
+    # a split into another out dir (or a failed one) cannot lock or half-rewrite it
+    _git(repo, "worktree", "add", "-q", "-f", "--detach", str(worktree), base_rev)
+    files = [str(Path(p).resolve()) for p in (patch_files or [d.path for d in unit.patches])]
+    # --keep-non-patch keeps "[Quant]" in subjects; the committer date is the author date so
+    # that the same patches on the same base give the same commits
+    args = ["am", "-q", "--keep-cr", "--keep-non-patch", "--committer-date-is-author-date"]
+    attempts = [("exact", args)]
+    if three_way_fallback:
+        attempts.append(("three-way", [*args, "-3"]))
+    error = ""
+    for how, cmd in attempts:
+        proc = _git(worktree, *cmd, *files, env=_committer_env(repo), check=False)
+        if proc.returncode == 0:
+            head = _git(worktree, "rev-parse", "HEAD").stdout.strip()
+            _git(repo, "branch", "-f", unit.branch, head)
+            return BranchOutcome(True, head, "", how)
         _git(worktree, "am", "--abort", check=False)
+        _git(worktree, "reset", "-q", "--hard", base_rev, check=False)
         msg = (proc.stdout + proc.stderr).strip().splitlines()
-        return False, "", " | ".join(ln for ln in msg if ln.strip())[:800]
-    head = _git(worktree, "rev-parse", "HEAD").stdout.strip()
-    return True, head, ""
+        error = " | ".join(ln for ln in msg if ln.strip())[:800]
+    return BranchOutcome(False, "", error, "")
 
 
 # ---------------------------------------------------------------------------------------------
@@ -328,10 +449,19 @@ def pytest_runner(python: str, project: Path) -> TestRunner:
 # evidence and the PR description
 
 
+def _without_trailers(message: str) -> str:
+    """MESSAGE without its last paragraph when that is the trailers (series.parse_trailers)."""
+    paras = re.split(r"\n\s*\n", message.strip("\n"))
+    if len(paras) > 1 and parse_trailers(paras[-1]):
+        return "\n\n".join(paras[:-1])
+    return message
+
+
 def _section(message: str, title: str) -> str:
     """Text under ``Title:`` in the patch message, up to the next known heading or trailers."""
-    heads = r"(Why|What|How verified|Upstream-Status|Tests|Provides|Depends-On|Group)"
-    m = re.search(rf"^{re.escape(title)}:[ \t]*\n?(.*?)(?=^{heads}:|\Z)", message, re.M | re.S)
+    heads = r"(Why|What|How verified|Upstream-Status|Tests|Provides|Depends-On|Group|Rebased-From)"
+    body = _without_trailers(message)
+    m = re.search(rf"^{re.escape(title)}:[ \t]*\n?(.*?)(?=^{heads}:|\Z)", body, re.M | re.S)
     return m.group(1).strip() if m else ""
 
 
@@ -409,7 +539,10 @@ def bench_evidence(unit: Unit, report: Path) -> list[str]:
         t.startswith("bench:") for m in unit.members for t in m.tests
     )
     if not touches_speed:
-        return ["This change does not touch a kernel or a GEMM path; no speed impact expected."]
+        return [
+            "Not applicable: this change does not touch a kernel or a GEMM path; no speed "
+            "impact expected."
+        ]
     rows = _report_list(report, "rows", "benchmark")
     if isinstance(rows, str):
         return [rows]
@@ -449,6 +582,18 @@ def _diffstat(doc: PatchDoc) -> list[str]:
     return out
 
 
+DOWNSTREAM_TESTS = (
+    "These tests belong to the downstream series (fp4series) and ran against this branch's "
+    "`python/` tree; they are not part of this PR."
+)
+UPSTREAM_TEST_DIRS = ("test/", "python/sglang/test/")
+
+
+def upstream_tests(unit: Unit) -> list[str]:
+    """Files of the unit's own patches under upstream's test directories."""
+    return [f for m in unit.members for f in m.files if f.startswith(UPSTREAM_TEST_DIRS)]
+
+
 def pr_title(unit: Unit) -> str:
     if len(unit.members) == 1:
         return unit.members[0].subject
@@ -465,9 +610,6 @@ def pr_description(result: SplitResult, *, reports_dir: Path) -> str:
         if len(unit.members) > 1:
             lines += [f"**{m.subject}**", ""]
         lines += [_section(m.message, "Why") or m.subject, ""]
-        status = m.trailers.get("Upstream-Status", "")
-        if status:
-            lines += [f"Upstream status: {status}", ""]
     if result.dep_units:
         lines += [
             "Depends on (merge first; this branch carries their commits until they land):",
@@ -484,6 +626,11 @@ def pr_description(result: SplitResult, *, reports_dir: Path) -> str:
         lines += [_section(m.message, "What") or "(no What: section in the patch)", ""]
         lines += ["Files:", *_diffstat(m), ""]
     lines += ["## Accuracy Tests", ""]
+    for m in unit.members:
+        hv = _section(m.message, "How verified")
+        if hv:
+            lines += ["How it was verified (from the commit message):", "", hv, ""]
+    in_branch = upstream_tests(unit)
     if result.tests is not None:
         t = result.tests
         verdict = "passed" if t.ok else "FAILED"
@@ -496,24 +643,24 @@ def pr_description(result: SplitResult, *, reports_dir: Path) -> str:
             "```",
             "",
         ]
+        if not in_branch:
+            lines += [DOWNSTREAM_TESTS, ""]
     else:
         run, _ = runnable_tests(unit)
         if run:
             lines += ["Declared unit tests (not run by this split; use --run-tests):", ""]
             lines += [f"- `{x}`" for x in run] + [""]
+            if not in_branch:
+                lines += [DOWNSTREAM_TESTS, ""]
         else:
             lines += ["This patch declares no CPU unit tests.", ""]
     if result.skipped_tests:
         lines += ["GPU evidence declared by the patch (run on the H200, numbers below):", ""]
         lines += [f"- `{x}`" for x in result.skipped_tests] + [""]
     lines += numerics_evidence(unit, reports_dir / "numerics.json") + [""]
-    for m in unit.members:
-        hv = _section(m.message, "How verified")
-        if hv:
-            lines += ["How it was verified (from the commit message):", "", hv, ""]
     lines += ["## Benchmarking and Profiling", ""]
     lines += bench_evidence(unit, reports_dir / "bench.json") + [""]
-    has_tests = any(m.tests for m in unit.members)
+    has_tests = bool(upstream_tests(unit))
     has_numbers = (reports_dir / "numerics.json").is_file()
     box = lambda ok: "x" if ok else " "  # noqa: E731
     lines += [
@@ -522,7 +669,8 @@ def pr_description(result: SplitResult, *, reports_dir: Path) -> str:
         f"- [x] Code formatted with pre-commit ([format with pre-commit]"
         f"({DOCS}#format-code-with-pre-commit)).",
         f"- [{box(has_tests)}] Unit tests added ([run and add unit tests]"
-        f"({DOCS}#run-and-add-unit-tests)).",
+        f"({DOCS}#run-and-add-unit-tests))."
+        + ("" if has_tests else " The tests that prove it are in the downstream series so far."),
         f"- [ ] Documentation updated ([write documentations]({DOCS}#write-documentations)).",
         f"- [{box(has_numbers)}] Accuracy and speed results provided ([test the accuracy]"
         f"({DOCS}#test-the-accuracy), [benchmark the speed]({DOCS}#benchmark-the-speed)).",
@@ -542,7 +690,143 @@ def push_commands(repo: Path, result: SplitResult, body: Path, remote: str) -> l
 
 
 # ---------------------------------------------------------------------------------------------
+# the record of what was generated, and the range-diff against the last split
+
+
+def _now() -> str:
+    return datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+def load_record(out_dir: Path, log: Callable[[str], None] = print) -> dict[str, Any]:
+    """``<out_dir>/split-record.json`` (empty when there is none). An unreadable record is set
+    aside as ``split-record.json.unreadable`` (and said so): every branch then counts as new."""
+    path = out_dir / RECORD_FILE
+    empty: dict[str, Any] = {"schema": RECORD_SCHEMA, "branches": []}
+    if not path.is_file():
+        return empty
+    try:
+        data = json.loads(path.read_text(encoding="utf-8"))
+        if not isinstance(data, dict) or not isinstance(data.get("branches"), list):
+            raise ValueError("no `branches` list")
+        return data
+    except (OSError, UnicodeDecodeError, ValueError) as exc:
+        aside = path.with_name(RECORD_FILE + ".unreadable")
+        os.replace(path, aside)
+        log(f"{path}: unreadable ({exc}); moved to {aside}, every branch counts as new")
+        return empty
+
+
+def write_record(out_dir: Path, record: dict[str, Any]) -> Path:
+    """Write the record atomically (a rename), so an interrupted split leaves the old one."""
+    path = inside(out_dir / RECORD_FILE, out_dir)
+    tmp = path.with_name(RECORD_FILE + ".tmp")
+    tmp.write_text(json.dumps(record, indent=2) + "\n", encoding="utf-8")
+    os.replace(tmp, path)
+    return path
+
+
+def _unit_ref(repo: Path, unit: Unit, which: str) -> str:
+    ref = f"{REF_PREFIX}{unit.name}/{which}"
+    if _git(repo, "check-ref-format", ref, check=False).returncode != 0:
+        raise SeriesError(
+            f"{unit.name!r} cannot name the git ref {ref}",
+            hint="rename the patch or its Group: (no '..', no trailing '.lock')",
+        )
+    return ref
+
+
+def record_entry(res: SplitResult, *, trailers_kept: bool, when: str) -> dict[str, Any]:
+    """What the record keeps about one generated branch."""
+    members = {m.name for m in res.unit.members}
+    patches = []
+    for d in res.unit.patches:
+        ident = patch_identity(d.path)
+        patches.append(
+            {
+                "name": d.name,
+                "role": "member" if d.name in members else "dependency",
+                "sha256": ident.sha256,
+                "patch_id": ident.patch_id,
+            }
+        )
+    tests = None
+    if res.tests is not None:
+        t = res.tests
+        tests = {"passed": t.passed, "failed": t.failed, "errors": t.errors,
+                 "skipped": t.skipped, "ok": t.ok}  # fmt: skip
+    return {
+        "unit": res.unit.name,
+        "branch": res.unit.branch,
+        "base": {
+            "label": res.base,
+            "version": res.base_version,
+            "tag": res.base_tag,
+            "commit": res.base_rev,
+        },
+        "patches": patches,
+        "head": res.head,
+        "applied": res.applied,
+        "trailers": "kept" if trailers_kept else "stripped",
+        "tests": tests,
+        "description": res.description.name if res.description else None,
+        "when": when,
+        "change": res.change,
+    }
+
+
+_RANGE_DIFF_LINE = re.compile(r"^\s*(?:\d+|-):\s+\S+ ([=!<>]) +(?:\d+|-):\s+\S+")
+
+
+def compare_with_previous(
+    repo: Path, res: SplitResult, prev: dict[str, Any] | None, entry: dict[str, Any]
+) -> tuple[str, str]:
+    """(one-line summary, range-diff text or "") of RES's branch against PREV, its entry in the
+    last record. The previous commits must be in REPO (split keeps them on its refs)."""
+    if prev is None or prev.get("branch") != res.unit.branch:
+        return "new (no previous split of this branch in the record)", ""
+    old_base = str((prev.get("base") or {}).get("commit", ""))
+    old_head = str(prev.get("head", ""))
+    old_label = str((prev.get("base") or {}).get("label", old_base[:12]))
+    moved = "" if old_base == res.base_rev else f"; base {old_label} -> {res.base}"
+    when = prev.get("when", "?")
+    if not (old_base and old_head and _rev(repo, old_head) and _rev(repo, old_base)):
+        same = old_base == res.base_rev and [
+            (x.get("name"), x.get("patch_id")) for x in prev.get("patches", [])
+        ] == [(x["name"], x["patch_id"]) for x in entry["patches"]]
+        what = "unchanged" if same else "changed"
+        return (
+            f"{what} since the split of {when} by the record (its commits {old_head[:12]} are "
+            f"not in {repo}: no range-diff{moved})",
+            "",
+        )
+    rd = _git(
+        repo,
+        "range-diff",
+        "--no-color",
+        # one commit per patch: pair an edited patch with its old self even when the edit is
+        # most of a small diff (git's default, 60, shows it as removed + added)
+        f"--creation-factor={RANGE_DIFF_CREATION_FACTOR}",
+        f"{old_base}..{old_head}",
+        f"{res.base_rev}..{res.head}",
+    ).stdout
+    marks = [m.group(1) for ln in rd.splitlines() if (m := _RANGE_DIFF_LINE.match(ln))]
+    changed, added, removed = marks.count("!"), marks.count(">"), marks.count("<")
+    if not (changed or added or removed or moved):
+        return f"unchanged since the split of {when}", rd
+    counts = f"{changed} commit(s) changed, {added} added, {removed} removed"
+    return f"changed since the split of {when}: {counts}{moved}", rd
+
+
+# ---------------------------------------------------------------------------------------------
 # driver
+
+
+def _base_names(want: str, pin_version: str, pin_tag: str) -> tuple[str, str]:
+    """(version, tag) of a --base value that resolve_base accepted."""
+    if want in ("pin", pin_version):
+        return pin_version, pin_tag
+    tag = want if want.startswith("v") else f"v{want}"
+    return tag[1:], tag
 
 
 def split(
@@ -559,14 +843,24 @@ def split(
     runner: TestRunner | None = None,
     fetch_release: Callable[[str], Path] | None = None,
     rebase_report: Path | None = None,
+    series_base: str | None = None,
+    keep_trailers: bool = False,
     log: Callable[[str], None] = print,
 ) -> list[SplitResult]:
-    """Create one branch per unit, run its tests (when RUNNER), write its PR description."""
+    """Create one branch per unit, run its tests (when RUNNER), write its PR description, the
+    record and, for a branch split before, its range-diff against that split.
+
+    SERIES_BASE: the release the series is made on (default: the pin); on it the patches must
+    apply exactly, on any other base a patch that does not falls back to ``git am -3``."""
     units_all = plan_units(docs)
     reasons = explain_dependencies(docs)
     units = plan_units(docs, only) if only else units_all
     results: list[SplitResult] = []
     out_dir.mkdir(parents=True, exist_ok=True)
+    own_version = (series_base or pin_version).lstrip("v")
+    record = load_record(out_dir, log)
+    previous = {str(e.get("unit")): e for e in record["branches"] if isinstance(e, dict)}
+    entries: dict[str, dict[str, Any]] = dict(previous)
     for unit in units:
         want = base
         if base == "auto":
@@ -579,9 +873,27 @@ def split(
             pin_commit=pin_commit,
             fetch_release=fetch_release,
         )
+        version, tag = _base_names(want, pin_version, pin_tag)
+        head_ref, prev_ref = _unit_ref(repo, unit, "head"), _unit_ref(repo, unit, "previous")
+        files = [d.path for d in unit.patches]
+        if not keep_trailers:
+            mbox = out_dir / "mbox" / unit.name
+            remove_tree_inside(mbox, out_dir)
+            mbox.mkdir(parents=True)
+            files = []
+            for d in unit.patches:
+                clean = inside(mbox / d.name, out_dir)
+                clean.write_text(strip_trailers(d.text), encoding="utf-8")
+                files.append(clean)
         wt = out_dir / "worktrees" / unit.name
-        ok, head, err = make_branch(
-            repo, unit, rev, wt, three_way=not label.startswith("pin"), owner=out_dir
+        outcome = make_branch(
+            repo,
+            unit,
+            rev,
+            wt,
+            owner=out_dir,
+            three_way_fallback=version != own_version,
+            patch_files=files,
         )
         dep_units: list[str] = []
         dep_reasons: dict[str, list[str]] = {}
@@ -593,23 +905,69 @@ def split(
                 for r in reasons.get(m.name, {}).get(d.name, []):
                     dep_reasons.setdefault(du or d.stem, []).append(f"{m.stem} {r}")
         res = SplitResult(
-            unit, label, rev, ok, head, err, dep_units=dep_units, dep_reasons=dep_reasons
+            unit,
+            label,
+            rev,
+            outcome.ok,
+            outcome.head,
+            outcome.error,
+            dep_units=dep_units,
+            dep_reasons=dep_reasons,
+            applied=outcome.applied,
+            base_version=version,
+            base_tag=tag,
         )
         run, skip = runnable_tests(unit)
         res.skipped_tests = skip
-        if ok and runner is not None and run:
+        if res.ok and runner is not None and run:
             res.tests = runner(wt, run)
         body = inside(out_dir / f"{unit.name}.md", out_dir)
         body.write_text(pr_description(res, reports_dir=reports_dir))
         res.description = body
         results.append(res)
         names = ", ".join(p.name for p in unit.patches)
-        if ok:
-            tests = f"; tests: {res.tests.summary()}" if res.tests else ""
-            log(f"{unit.branch}: {len(unit.patches)} commit(s) on {label} [{names}]{tests}")
-        else:
-            log(f"{unit.branch}: FAILED on {label}: {err}")
+        if not res.ok:
+            log(f"{unit.branch}: FAILED on {label}: {res.error}")
+            log(f"  PR description: {body}")
+            continue
+        how = " (with 3-way merges)" if res.applied == "three-way" else ""
+        tests = f"; tests: {res.tests.summary()}" if res.tests else ""
+        log(f"{unit.branch}: {len(unit.patches)} commit(s) on {label}{how} [{names}]{tests}")
         log(f"  PR description: {body}")
+        entry = record_entry(res, trailers_kept=keep_trailers, when=_now())
+        prev = previous.get(unit.name)
+        res.change, rd = compare_with_previous(repo, res, prev, entry)
+        entry["change"] = res.change
+        target = inside(out_dir / f"{unit.name}.range-diff.txt", out_dir)
+        if rd:
+            target.write_text(rd)
+            res.range_diff = target
+            entry["range_diff"] = target.name
+        elif target.exists() or target.is_symlink():
+            target.unlink()  # a stale one from an earlier split would mislead
+        if prev is not None and prev.get("head") and _rev(repo, str(prev["head"])):
+            _git(repo, "update-ref", prev_ref, str(prev["head"]))
+        _git(repo, "update-ref", head_ref, res.head)
+        log(f"  {res.change}" + (f" (range-diff: {res.range_diff})" if res.range_diff else ""))
+        if rd and not res.change.startswith("unchanged"):
+            for ln in rd.rstrip("\n").splitlines():
+                log(f"    {ln}")
+        entries[unit.name] = entry
+    if not only:
+        gone = [name for name in entries if name not in {u.name for u in units_all}]
+        for name in gone:
+            log(f"{BRANCH_PREFIX}{name}: in the last record, no longer in the series (dropped)")
+            del entries[name]
+    order = {u.name: i for i, u in enumerate(units_all)}
+    record = {
+        "schema": RECORD_SCHEMA,
+        "repo": str(repo),
+        "series": str(Path(docs[0].path).parent) if docs else "",
+        "series_base": own_version,
+        "updated": _now(),
+        "branches": sorted(entries.values(), key=lambda e: order.get(str(e.get("unit")), 1 << 30)),
+    }
+    write_record(out_dir, record)
     return results
 
 
@@ -621,19 +979,38 @@ def _default_python(root: Path) -> str:
     return str(venv) if venv.exists() else sys.executable
 
 
+def _apply_line(args: argparse.Namespace, root: Path) -> None:
+    """--line V: the line's series on its own release, its venv, reports and split dir (any
+    option given explicitly wins)."""
+    from fp4series.line import resolve_line
+
+    line = resolve_line(args.line, lock_path=Path(args.lock) if args.lock else None, root=root)
+    if line.is_pin:
+        return
+    args.patches_dir = args.patches_dir or str(line.patches_dir)
+    args.base = line.version if args.base == "pin" else args.base
+    args.series_base = args.series_base or line.version
+    args.python = args.python or str(line.venv / "bin" / "python")
+    args.reports_dir = args.reports_dir or str(line.reports_dir)
+    args.out_dir = args.out_dir or str(line.work / "split")
+
+
 def cmd_split(args: argparse.Namespace) -> int:
     from fp4series import lock as lock_mod
     from fp4series import paths
 
     root = paths.project_root()
+    _apply_line(args, root)
     repo = Path(args.repo).resolve()
     lock = lock_mod.load_lock(Path(args.lock) if args.lock else paths.default_lock_path())
-    if not repo.exists():  # a fresh clone of the materialized pin (CI, first use)
+    if not repo.exists():  # a fresh clone of the materialized base (CI, first use)
         from fp4series.rebase_check import prepare_release
 
-        pin = prepare_release(lock, lock.pin.version, root / ".work", paths.default_cache_dir())
-        _git(root, "clone", "-q", str(pin.repo), str(repo))
-        print(f"{repo}: cloned from the materialized pin {pin.repo}")
+        version = lock.pin.version if args.base in ("pin", "auto") else args.base.lstrip("v")
+        rel = prepare_release(lock, version, root / ".work", paths.default_cache_dir())
+        _git(root, "clone", "-q", str(rel.repo), str(repo))
+        what = "pin" if version == lock.pin.version else f"release {version}"
+        print(f"{repo}: cloned from the materialized {what} {rel.repo}")
     if not (repo / ".git").exists():
         raise SeriesError(
             f"{repo} is not the top of a git checkout",
@@ -659,11 +1036,13 @@ def cmd_split(args: argparse.Namespace) -> int:
         pin_tag=lock.pin.tag,
         pin_commit=lock.pin.commit if lock.pin.commit_resolved else None,
         out_dir=out_dir,
-        reports_dir=root / "reports" / "h200",
+        reports_dir=Path(args.reports_dir) if args.reports_dir else root / "reports" / "h200",
         only=args.patches,
         runner=runner,
         fetch_release=fetch_release,
         rebase_report=root / "reports" / "rebase-check.json",
+        series_base=args.series_base,
+        keep_trailers=args.keep_trailers,
     )
     summary = []
     for r in results:
@@ -672,9 +1051,13 @@ def cmd_split(args: argparse.Namespace) -> int:
                 "branch": r.unit.branch,
                 "patches": [p.name for p in r.unit.patches],
                 "base": r.base,
+                "base_commit": r.base_rev,
                 "ok": r.ok,
                 "head": r.head,
+                "applied": r.applied,
                 "error": r.error,
+                "change": r.change,
+                "range_diff": str(r.range_diff) if r.range_diff else None,
                 "tests": None
                 if r.tests is None
                 else {
@@ -689,6 +1072,7 @@ def cmd_split(args: argparse.Namespace) -> int:
             }
         )
     (out_dir / "summary.json").write_text(json.dumps(summary, indent=2) + "\n")
+    print(f"\nRecord: {out_dir / RECORD_FILE}")
     print("\nNothing was pushed. To open the PRs (in dependency order):")
     for r in results:
         if r.ok and r.description is not None:
@@ -711,19 +1095,47 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument(
         "repo",
         help="git checkout to create the branches in (a materialized pin or an sglang clone); "
-        "a path that does not exist yet gets a clone of the materialized pin",
+        "a path that does not exist yet gets a clone of the materialized base release (the pin "
+        "for --base pin/auto)",
     )
     p.add_argument(
         "--base",
         default="pin",
         help="pin (default), a release version, or auto (newest release where it still applies)",
     )
+    p.add_argument(
+        "--line",
+        metavar="VERSION",
+        help="split that series line: patches/VERSION on release VERSION, its venv for the "
+        "tests, reports/h200/VERSION, .work/lines/VERSION/split (default: the pin's line)",
+    )
     p.add_argument("--patches", nargs="+", help="only these patches / groups (default: all)")
     p.add_argument("--run-tests", action="store_true", help="run each branch's CPU Tests:")
     p.add_argument("--python", help="interpreter for the tests (default: .work/venv or this one)")
     p.add_argument("--patches-dir", help="series directory (default: the project's patches/)")
+    p.add_argument(
+        "--series-base",
+        metavar="VERSION",
+        help="the release the series is made on (default: the pin): on it patches must apply "
+        "exactly; on any other --base a patch that does not falls back to git am -3",
+    )
+    p.add_argument(
+        "--reports-dir",
+        help="GPU reports quoted in the PR descriptions (numerics.json, bench.json; default: "
+        "reports/h200)",
+    )
+    p.add_argument(
+        "--keep-trailers",
+        action="store_true",
+        help="keep the series' internal trailers (Upstream-Status:, Tests:, Provides:, "
+        "Depends-On:, Group:, Rebased-From:) in the branch commits; default: removed",
+    )
     p.add_argument("--lock", help="upstream.lock (default: the project's)")
-    p.add_argument("--out-dir", help="where descriptions/worktrees go (default: .work/split)")
+    p.add_argument(
+        "--out-dir",
+        help="where descriptions, worktrees, split-record.json and range-diffs go "
+        "(default: .work/split)",
+    )
     p.add_argument("--remote", default="origin", help="remote named in the printed push command")
     p.set_defaults(func=cmd_split)
     register_overlap(subparsers)

@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import functools
 import json
+import re
 import sys
 import textwrap
 from pathlib import Path
@@ -97,12 +98,15 @@ def subjects(repo: Path, branch: str) -> list[str]:
     return git(repo, "log", "--reverse", "--format=%s", f"v0.0.1..{branch}").split("\n")[:-1]
 
 
-def run_split(world: dict[str, Path], **kw: object) -> list[sp.SplitResult]:
+def run_split(
+    world: dict[str, Path], base_override: str = "pin", rel: Path | None = None, **kw: object
+) -> list[sp.SplitResult]:
     docs = load_patch_docs(world["patches"])
     return sp.split(
         world["target"],
         docs,
-        base="pin",
+        base=base_override,
+        fetch_release=(lambda version: rel) if rel else None,
         pin_version="0.0.1",
         pin_tag="v0.0.1",
         pin_commit=None,
@@ -210,8 +214,12 @@ def test_pr_description_sections_and_evidence(world: dict[str, Path]) -> None:
     unit.members[0].trailers["Tests"] += ", bench:bench/bench_fp4.py"  # declares a benchmark
     bench = "\n".join(sp.bench_evidence(unit, reports / "bench.json"))
     assert "| 4096x4096 | 1 | 10.0 | 1.50 | 0.80 | 0.40 | 1.10 |" in bench
-    assert "- [x] Unit tests added" in md
+    # the tests live in this project, not in the branch: the checklist says so, not [x]
+    assert "- [ ] Unit tests added" in md
+    assert "The tests that prove it are in the downstream series so far." in md
+    assert sp.DOWNSTREAM_TESTS in md
     assert "ran the tests." in md
+    assert "Upstream status" not in md and "Upstream-Status" not in md
 
 
 def test_numerics_paths_follow_the_touched_files() -> None:
@@ -400,3 +408,309 @@ def test_worktrees_link_leading_out_of_the_out_dir_is_refused(world: dict[str, P
     with pytest.raises(SeriesError, match="does not lie inside"):
         run_split(world)
     assert (outside / "keep.txt").read_text() == "the user's\n"
+
+
+# --- a line's series on its own (newer) base; clean commits; the record and the range-diff ----
+
+REL_A = A_PY.replace("value_17 = 17\n", "value_17 = 17  # 0.0.2\n") + "NEW_IN_002 = True\n"
+
+
+def _release(root: Path, version: str, files: dict[str, str]) -> Path:
+    """A materialized release: a one-commit repo (no shared history) tagged v<version>."""
+    rel = root / f"rel-{version}"
+    rel.mkdir()
+    git(rel, "init", "-q", "-b", "main", ".")
+    for path, text in files.items():
+        write(rel, path, text)
+    git(rel, "add", "-A")
+    git(rel, "commit", "-qm", f"sglang {version}")
+    git(rel, "tag", f"v{version}")
+    return rel
+
+
+def _line_series(root: Path, rel: Path, version: str) -> Path:
+    """patches/<version>: two patches made on the release (the second with every trailer)."""
+    work = root / f"line-work-{version}"
+    git(root, "clone", "-q", str(rel), str(work))
+    commit(
+        work,
+        "Line change a",
+        "Upstream-Status: Pending\nTests: tests/test_line.py::test_a\n"
+        f"Rebased-From: 0001-change-a.patch {'a' * 40}",
+        {"python/pkg/a.py": REL_A.replace("value_5 = 5\n", "value_5 = 555\n")},
+    )
+    commit(
+        work,
+        "Line other b",
+        "Upstream-Status: Pending\nTests: tests/test_line.py::test_b,\n  gpu:tests/gpu/x.py\n"
+        "Provides: B\nDepends-On: 0001-line-change-a.patch\nGroup: line-b\n"
+        f"Rebased-From: 0002-other-b.patch {'b' * 40}\n"
+        "Signed-off-by: Author One <a@example.com>",
+        {"python/pkg/b.py": "B = 22\n"},
+    )
+    out = root / "patches" / version
+    git(work, "format-patch", "-q", "--full-index", "-o", str(out), f"v{version}..HEAD")
+    names = []
+    for i, (p, stem) in enumerate(zip(sorted(out.glob("*.patch")), ["line-change-a",
+                                                                     "line-other-b"],
+                                      strict=True), 1):  # fmt: skip
+        p.rename(out / f"{i:04d}-{stem}.patch")
+        names.append(f"{i:04d}-{stem}.patch")
+    (out / "series").write_text("\n".join(names) + "\n")
+    return out
+
+
+@pytest.fixture()
+def line(world: dict[str, Path]) -> dict[str, Path]:
+    root = world["root"]
+    rel = _release(
+        root,
+        "0.0.2",
+        {"python/pkg/__init__.py": "", "python/pkg/a.py": REL_A, "python/pkg/b.py": "B = 1\n"},
+    )
+    project = root / "project"
+    write(
+        project,
+        "tests/test_line.py",
+        "import pkg.a\nimport pkg.b\n\n\ndef test_a():\n    assert pkg.a.value_5 == 555\n"
+        "    assert pkg.a.NEW_IN_002\n\n\ndef test_b():\n    assert pkg.b.B == 22\n",
+    )
+    return {**world, "rel": rel, "line": _line_series(root, rel, "0.0.2"), "project": project}
+
+
+def split_line(line: dict[str, Path], **kw: object) -> list[sp.SplitResult]:
+    common: dict[str, object] = dict(
+        base="0.0.2",
+        series_base="0.0.2",
+        pin_version="0.0.1",
+        pin_tag="v0.0.1",
+        pin_commit=None,
+        out_dir=line["root"] / "split-line",
+        reports_dir=line["root"] / "reports",
+        fetch_release=lambda version: line["rel"],
+        log=lambda s: None,
+    )
+    common.update(kw)
+    docs = load_patch_docs(kw.pop("patches_dir", line["line"]))  # type: ignore[arg-type]
+    common.pop("patches_dir", None)
+    return sp.split(line["target"], docs, **common)  # type: ignore[arg-type]
+
+
+def test_line_on_its_own_newer_base_applies_exactly_and_runs_its_tests(
+    line: dict[str, Path],
+) -> None:
+    runner = sp.pytest_runner(sys.executable, line["project"])
+    results = split_line(line, runner=runner)
+    assert [(r.unit.branch, r.ok, r.base, r.applied) for r in results] == [
+        ("nvfp4-marlin/line-change-a", True, "release v0.0.2", "exact"),
+        ("nvfp4-marlin/line-b", True, "release v0.0.2", "exact"),
+    ]
+    t = line["target"]
+    rel_commit = git(line["rel"], "rev-parse", "v0.0.2").strip()
+    assert git(t, "rev-parse", "nvfp4-marlin/line-change-a~1").strip() == rel_commit
+    assert git(t, "rev-parse", "nvfp4-marlin/line-b~2").strip() == rel_commit
+    a, b = results
+    assert a.tests is not None and (a.tests.passed, a.tests.failed) == (1, 0), a.tests.tail
+    assert b.tests is not None and (b.tests.passed, b.tests.ok) == (1, True), b.tests.tail
+    assert b.skipped_tests == ["gpu:tests/gpu/x.py"]
+    md = b.description.read_text()  # type: ignore[union-attr]
+    assert [ln for ln in md.splitlines() if ln.startswith("## ")] == [
+        "## Motivation",
+        "## Modifications",
+        "## Accuracy Tests",
+        "## Benchmarking and Profiling",
+        "## Checklist",
+    ]
+    assert "Why Line other b: a fact." in md and "What Line other b changes." in md
+    assert "How it was verified (from the commit message):\n\nran the tests." in md
+    assert "passed: 1 passed, 0 failed" in md and "on release v0.0.2" in md
+    assert "Not applicable: this change does not touch a kernel" in md
+    assert "- `nvfp4-marlin/line-change-a`: " in md  # merge-first dependency named
+
+
+def test_own_base_never_falls_back_to_three_way(world: dict[str, Path]) -> None:
+    """The pin's series needs a 3-way merge on 0.0.2 (a context line changed there): allowed
+    on a foreign base, refused on the series' own base."""
+    rel = _release(
+        world["root"],
+        "0.0.2",
+        {"python/pkg/__init__.py": "", "python/pkg/a.py": REL_A, "python/pkg/b.py": "B = 1\n"},
+    )
+    docs = load_patch_docs(world["patches"])
+    common = dict(
+        base="0.0.2",
+        pin_version="0.0.1",
+        pin_tag="v0.0.1",
+        pin_commit=None,
+        reports_dir=world["root"] / "reports",
+        fetch_release=lambda version: rel,
+        log=lambda s: None,
+        only=["change-a"],
+    )
+    (res,) = sp.split(world["target"], docs, out_dir=world["root"] / "s1", **common)  # type: ignore[arg-type]
+    assert (res.ok, res.applied) == (True, "three-way"), res.error
+    assert "value_20 = 2000" in git(
+        world["target"], "show", "nvfp4-marlin/change-a:python/pkg/a.py"
+    )
+    (res,) = sp.split(
+        world["target"], docs, out_dir=world["root"] / "s2", series_base="0.0.2", **common
+    )  # type: ignore[arg-type]
+    assert not res.ok and res.applied == "" and "Patch failed at 0001" in res.error, res.error
+    # a failed split leaves the branch as it was (here: the three-way one of the first split)
+    assert "value_20 = 2000" in git(
+        world["target"], "show", "nvfp4-marlin/change-a:python/pkg/a.py"
+    )
+
+
+def test_branch_commits_carry_no_internal_trailers(line: dict[str, Path]) -> None:
+    before = {p.name: p.read_bytes() for p in line["line"].iterdir()}
+    split_line(line)
+    t = line["target"]
+    msg = git(t, "log", "-1", "--format=%B", "nvfp4-marlin/line-b")
+    for key in sp.INTERNAL_TRAILERS:
+        assert f"{key}:" not in msg, msg
+    assert "gpu:tests/gpu/x.py" not in msg  # the continuation line went with Tests:
+    assert msg.rstrip("\n").endswith("ran the tests.\n\nSigned-off-by: Author One <a@example.com>")
+    assert msg.startswith("[Quant] Line other b\n\nWhy:\nWhy Line other b: a fact.")
+    first = git(t, "log", "-1", "--format=%B", "nvfp4-marlin/line-change-a")
+    assert first.rstrip("\n").endswith("How verified:\nran the tests.")  # trailer paragraph gone
+    assert git(t, "log", "-1", "--format=%an <%ae>", "nvfp4-marlin/line-b").strip() == (
+        "Author One <a@example.com>"
+    )
+    assert {p.name: p.read_bytes() for p in line["line"].iterdir()} == before  # series as is
+    split_line(line, keep_trailers=True, out_dir=line["root"] / "kept")
+    kept = git(t, "log", "-1", "--format=%B", "nvfp4-marlin/line-b")
+    assert "Upstream-Status: Pending" in kept and "Rebased-From: 0002-other-b.patch" in kept
+
+
+def test_strip_trailers_keeps_a_message_without_trailers() -> None:
+    text = "From 0 Mon\nSubject: [PATCH] x\n\nWhy:\nNo trailers: here. Really\n\ndiff --git a b\n"
+    assert sp.strip_trailers(text) == text
+    with_t = text.replace("Really\n", "Really\n\nTests: t.py\nFixes: #1\n")
+    assert sp.strip_trailers(with_t) == text.replace("Really\n", "Really\n\nFixes: #1\n")
+
+
+def test_record_then_range_diff_after_an_edit_then_unchanged(world: dict[str, Path]) -> None:
+    out = world["root"] / "split"
+    t = world["target"]
+    first = run_split(world)
+    record = json.loads((out / "split-record.json").read_text())
+    assert record["schema"] == 1 and record["repo"] == str(t)
+    entries = {e["branch"]: e for e in record["branches"]}
+    assert list(entries) == [r.unit.branch for r in first]
+    e = entries["nvfp4-marlin/needs-b"]
+    pin_commit = git(t, "rev-parse", "v0.0.1").strip()
+    assert e["base"] == {"label": "pin 0.0.1", "version": "0.0.1", "tag": "v0.0.1",
+                         "commit": pin_commit}  # fmt: skip
+    assert [(p["name"], p["role"]) for p in e["patches"]] == [
+        ("0002-other-b.patch", "dependency"),
+        ("0004-needs-b.patch", "member"),
+    ]
+    from fp4series.patchid import patch_identity
+
+    ident = patch_identity(world["patches"] / "0004-needs-b.patch")
+    assert e["patches"][1]["sha256"] == ident.sha256
+    assert e["patches"][1]["patch_id"] == ident.patch_id and len(ident.patch_id or "") == 40
+    assert e["head"] == git(t, "rev-parse", "nvfp4-marlin/needs-b").strip()
+    assert e["applied"] == "exact" and e["trailers"] == "stripped" and e["when"].endswith("Z")
+    assert all(r.change.startswith("new") for r in first)
+    assert not list(out.glob("*.range-diff.txt"))
+    old_head = e["head"]
+
+    # edit patch 2 (other-b): its branch and needs-b (which carries it) change, nothing else
+    path = world["patches"] / "0002-other-b.patch"
+    path.write_text(path.read_text().replace("+B = 2\n", "+B = 3\n"))
+    logged: list[str] = []
+    docs = load_patch_docs(world["patches"])
+    second = sp.split(
+        t,
+        docs,
+        base="pin",
+        pin_version="0.0.1",
+        pin_tag="v0.0.1",
+        pin_commit=None,
+        out_dir=out,
+        reports_dir=world["root"] / "reports",
+        log=logged.append,
+    )
+    change = {r.unit.name: r.change for r in second}
+    assert change["other-b"].startswith("changed since the split of ")
+    assert change["other-b"].endswith(": 1 commit(s) changed, 0 added, 0 removed")
+    assert change["needs-b"].endswith(": 1 commit(s) changed, 0 added, 0 removed")
+    for name in ("change-a", "follow-a", "grp"):
+        assert change[name].startswith("unchanged since the split of "), change[name]
+    rd = (out / "needs-b.range-diff.txt").read_text()
+    assert "-+B = 2" in rd and "++B = 3" in rd  # the change, as a diff of the diffs
+    assert re.search(r"1: +\w+ ! 1: +\w+ \[Quant\] Other b", rd), rd
+    assert re.search(r"2: +\w+ = 2: +\w+ \[Quant\] Needs b", rd), rd
+    assert "++B = 3" in "\n".join(logged)  # printed too, since it changed
+    assert (out / "grp.range-diff.txt").is_file()
+    # the old commits stay reachable on split's own refs
+    prev_ref = "refs/fp4series/split/needs-b/previous"
+    assert git(t, "rev-parse", prev_ref).strip() == old_head
+    assert git(t, "show", f"{prev_ref}~1:python/pkg/b.py") == "B = 2\n"
+    new_head = git(t, "rev-parse", "nvfp4-marlin/needs-b").strip()
+    assert git(t, "rev-parse", "refs/fp4series/split/needs-b/head").strip() == new_head
+    record = json.loads((out / "split-record.json").read_text())
+    entries = {e["unit"]: e for e in record["branches"]}
+    assert entries["needs-b"]["range_diff"] == "needs-b.range-diff.txt"
+    assert entries["needs-b"]["change"] == change["needs-b"]
+
+    # an unchanged re-split: same commits (committer date = author date), reported unchanged
+    third = run_split(world, only=["needs-b"])
+    assert third[0].change.startswith("unchanged since the split of ")
+    assert git(t, "rev-parse", "nvfp4-marlin/needs-b").strip() == new_head
+    record = json.loads((out / "split-record.json").read_text())
+    assert len(record["branches"]) == 5  # the units not re-split keep their entries
+
+
+def test_a_base_change_is_a_change_even_with_equal_commits(world: dict[str, Path]) -> None:
+    run_split(world, only=["other-b"])
+    rel = _release(world["root"], "0.0.2", {"python/pkg/b.py": "B = 1\n"})
+    (res,) = run_split(world, only=["other-b"], base_override="0.0.2", rel=rel)
+    assert res.ok and res.change.endswith("; base pin 0.0.1 -> release v0.0.2"), res.change
+    assert "0 commit(s) changed" in res.change
+
+
+def test_cli_line_combination_patches_dir_and_base(
+    line: dict[str, Path], monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """What the lead's --line 0.0.2 maps to: --patches-dir patches/0.0.2 --base 0.0.2 (plus
+    --series-base 0.0.2 and the line's python): branches on the materialized v0.0.2, exact."""
+    from fp4series import rebase_check
+
+    root = line["root"]
+    _write_pin_lock(root)
+    write(root, "tests/test_line.py", (line["project"] / "tests/test_line.py").read_text())
+    monkeypatch.setenv("FP4SERIES_ROOT", str(root))
+    asked: list[str] = []
+
+    def prepare(lock: object, version: str, work: Path, cache: Path) -> rebase_check.Target:
+        asked.append(version)
+        return rebase_check.Target(version, line["rel"], f"v{version}")
+
+    monkeypatch.setattr(rebase_check, "prepare_release", prepare)
+    parser = argparse.ArgumentParser()
+    sp.register(parser.add_subparsers())
+    out = root / "cli-split"
+    fresh = root / "fresh-line-repo"  # absent: a clone of the materialized base is made
+    argv = ["split", str(fresh), "--patches-dir", str(root / "patches" / "0.0.2"),
+            "--base", "0.0.2", "--series-base", "0.0.2", "--run-tests",
+            "--python", sys.executable, "--out-dir", str(out)]  # fmt: skip
+    args = parser.parse_args(argv)
+    assert args.func(args) == 0, capsys.readouterr()
+    text = capsys.readouterr().out
+    assert "cloned from the materialized release 0.0.2" in text
+    assert asked == ["0.0.2"]
+    summary = json.loads((out / "summary.json").read_text())
+    assert [(x["branch"], x["applied"], x["tests"]["ok"]) for x in summary] == [
+        ("nvfp4-marlin/line-change-a", "exact", True),
+        ("nvfp4-marlin/line-b", "exact", True),
+    ]
+    record = json.loads((out / "split-record.json").read_text())
+    assert record["series_base"] == "0.0.2"
+    assert {e["base"]["tag"] for e in record["branches"]} == {"v0.0.2"}
+    assert f"Record: {out / 'split-record.json'}" in text
+    args = parser.parse_args(argv)  # again: both unchanged
+    assert args.func(args) == 0
+    assert capsys.readouterr().out.count("unchanged since the split of") == 2
