@@ -453,7 +453,12 @@ class MatrixCheck:
 
 
 def cross_check(
-    patches: list[Patch], data: dict[str, Any], *, series_names: list[str], shown: str
+    patches: list[Patch],
+    data: dict[str, Any],
+    *,
+    series_names: list[str],
+    shown: str,
+    lines: frozenset[str] = frozenset(),
 ) -> MatrixCheck:
     """Each patch's Upstream-Status against its effective verdict on the newest release the
     matrix DATA (shown as SHOWN) checked:
@@ -462,6 +467,8 @@ def cross_check(
       is dropped; anything else (Pending, Submitted, ...) is a problem;
     - ``partly-upstream``: a warning: upstream has part of it, so a line on that release must
       carry only the remainder (the pin's own line cannot shrink, which is why it is no problem);
+      a note instead when LINES (the versions of the maintained lines) has that release: the
+      line made by the rebase carries it shrunk or dropped;
     - skipped with a note: the matrix was made for another series (other patch names or order,
       as rebase-check's baseline policy decides; or a stored patch-id / sha256 that differs:
       that patch was edited since), the patch is not in it, or no release was checked.
@@ -513,6 +520,11 @@ def cross_check(
                     "drop it from the series",
                 )
             )
+        elif verdict == "partly-upstream" and release in lines:
+            out.notes.append(
+                f"{patch.name}: partly upstream on {release} per {shown}; the {release} line "
+                f"(patches/{release}) carries what upstream still lacks"
+            )
         elif verdict == "partly-upstream":
             out.warnings.append(
                 Problem(
@@ -556,7 +568,11 @@ def _cross_check_paths(
             patches.append(parse_patch(target))
         except SeriesError:
             continue  # lint_patch reported it
-    return cross_check(patches, data, series_names=names, shown=shown)
+    try:
+        lines = frozenset(ln.version for ln in load_lock(root / "upstream.lock").lines)
+    except SeriesError:
+        lines = frozenset()
+    return cross_check(patches, data, series_names=names, shown=shown, lines=lines)
 
 
 def lint_paths(

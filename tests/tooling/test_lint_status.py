@@ -183,6 +183,22 @@ def test_a_patch_judged_upstream_cannot_stay_pending(env: Env) -> None:
     assert not [n for n in notes if "cross-check" in n]
 
 
+def test_partly_upstream_is_a_note_once_a_line_on_that_release_carries_it(env: Env) -> None:
+    from fp4series.lint import cross_check
+    from fp4series.series import parse_patch
+
+    data = json.loads(write_matrix(env, UPSTREAM_P1).read_text())
+    patch = parse_patch(env.patches / P2)
+    names = [P1, P2]
+    alone = cross_check([patch], data, series_names=names, shown="m.json")
+    carried = cross_check(
+        [patch], data, series_names=names, shown="m.json", lines=frozenset({"0.5.23"})
+    )
+    assert len(alone.warnings) == 1 and not alone.problems
+    assert not carried.warnings and not carried.problems
+    assert any("the 0.5.23 line (patches/0.5.23) carries" in n for n in carried.notes)
+
+
 @pytest.mark.parametrize("value", ["Submitted [sgl-project/sglang#26001]", "Denied"])
 def test_only_backport_fits_an_upstream_verdict(env: Env, value: str) -> None:
     write_matrix(env, UPSTREAM_P1)
