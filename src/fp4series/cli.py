@@ -21,6 +21,7 @@ COMMAND_MODULES = (
     "fp4series.build",  # build, venv
     "fp4series.prefix",  # test, test-prefixes
     "fp4series.rebase_check",  # rebase-check
+    "fp4series.rebase_series",  # rebase --to / --continue / --abort / --status / --check
     "fp4series.split",  # split, overlap
     "fp4series.report",  # check-reports
     "fp4series.readme",  # readme [--check]

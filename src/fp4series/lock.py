@@ -334,3 +334,44 @@ def record_pin_commit(lock_path: Path | str, commit: str) -> None:
     else:
         raise _bad(lock_path, "has no [pin] table")
     _write_checked(lock_path, lines)
+
+
+# --- [[lines]]: the maintained series lines (written by the rebase) ---------------------------
+
+
+def record_line(lock_path: Path | str, version: str, patches: str, rebased_from: str) -> None:
+    """Add or update the ``[[lines]]`` entry of VERSION in place (comments kept): the line on
+    that release lives in PATCHES (relative to the lock's directory) and was rebased from the
+    line on REBASED_FROM. The release must be a target with a recorded wheel and sha256."""
+    lock_path = Path(lock_path)
+    lock = load_lock(lock_path)
+    release = lock.release(version)
+    if release is lock.pin:
+        raise SeriesError(
+            f"{version} is the pin: its line is patches/ itself, not a [[lines]] entry",
+            hint="rebase to a newer release (one of the [[targets]])",
+        )
+    if not (release.wheel_filename and release.sha256):
+        raise SeriesError(
+            f"{lock_path}: target {version} has no recorded wheel_filename and sha256",
+            hint=f"record them first: scripts/rebase-check.sh --releases {version}",
+        )
+    lock.release(rebased_from)  # a known release, or SeriesError naming the known ones
+    lines = lock_path.read_text(encoding="utf-8").splitlines()
+    version_pat = re.compile(rf'^\s*version\s*=\s*"{re.escape(version)}"')
+    for name, start, end in _blocks(lines):
+        if name == "lines[]" and any(version_pat.match(x) for x in lines[start + 1 : end]):
+            _set_key(lines, start, end, "patches", patches)
+            _set_key(lines, start, end, "rebased_from", rebased_from)
+            break
+    else:
+        while lines and not lines[-1].strip():
+            lines.pop()
+        lines += [
+            "",
+            "[[lines]]",
+            f'version = "{version}"',
+            f'patches = "{patches}"',
+            f'rebased_from = "{rebased_from}"',
+        ]
+    _write_checked(lock_path, lines)

@@ -8,6 +8,9 @@ stack    a whole series on one release, each patch alone and stacked in series o
 matrix   every patch against every materialized release
 policy   exit-status policies and the committed baseline
 render   the Markdown report
+record   a line as the record of its resolutions (Rebased-From:, the drop file)
+worktree the rebase's work checkout (apply exactly or 3-way, commit as the patch's author)
+replay   the rebase state machine (steps, stops for the user, resume after a kill)
 
-The command (``python -m fp4series rebase-check``) is ``fp4series.rebase_check``.
+Commands: ``rebase-check`` is ``fp4series.rebase_check``, ``rebase`` is ``fp4series.rebase_series``.
 """
