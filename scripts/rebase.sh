@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Rebase the series onto a newer upstream release, as a maintained line in patches/<VERSION>/:
-#   scripts/rebase.sh --to VERSION [--source-patches DIR] [--out DIR] [--lock FILE] [--force]
+#   scripts/rebase.sh --to VERSION [--line SOURCE] [--out DIR] [--lock FILE] [--force]
 #   scripts/rebase.sh --continue [--drop REASON] [--force]   after resolving a conflict
 #   scripts/rebase.sh --abort                                 removes .work/rebase/<V> only
 #   scripts/rebase.sh --status

@@ -10,6 +10,8 @@ Public API (stable):
         appends a ``[[targets]]`` entry when the version is not listed yet.
     record_pin_commit(lock_path, commit) -> None
         Fill in ``[pin] commit`` (used by ``resolve-commit``).
+    record_line(lock_path, version, patches, rebased_from) -> None
+        Add or update the ``[[lines]]`` entry of a maintained line (used by ``rebase``).
     Lock.release(version) -> Release          the pin or a target, SeriesError if unknown
     Lock.lines -> tuple[LineEntry, ...]      the maintained lines on newer releases ([[lines]])
     Lock.for_line(version) -> Lock           the lock as that line sees it: ``pin`` is the

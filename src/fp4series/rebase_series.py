@@ -1,6 +1,6 @@
 """Rebase the series onto a newer upstream release: a maintained line in patches/<VERSION>/.
 
-  rebase --to VERSION [--source-patches DIR] [--out DIR] [--lock FILE] [--force]
+  rebase --to VERSION [--line SOURCE | --source-patches DIR] [--out DIR] [--lock FILE] [--force]
   rebase --continue [--drop REASON] [--force]
   rebase --abort
   rebase --status
@@ -145,7 +145,12 @@ def _start(root: Path, base: Path, args: argparse.Namespace) -> int:
             "verified (and the rebase writes nothing to the lock before its end)",
             hint=f"record it first: scripts/rebase-check.sh --releases {version}",
         )
-    source = Path(args.source_patches) if args.source_patches else paths.default_patches_dir()
+    if args.source_patches:
+        source = Path(args.source_patches)
+    else:  # --line: the line to rebase (default: the pin's, patches/)
+        from fp4series.line import resolve_line
+
+        source = resolve_line(args.line, lock_path=lock_path, root=root).patches_dir
     out = Path(args.out) if args.out else paths.default_patches_dir() / version
     source_version = _source_version(source, lock, root)
     order = [lock.pin.version, *(t.version for t in lock.targets)]
@@ -570,7 +575,12 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     what.add_argument("--status", action="store_true", help="where it is")
     p.add_argument("--check", action="store_true", help="with --to: reproduce --out, compare")
     p.add_argument("--drop", metavar="REASON", help="with --continue: drop the stopped patch")
-    p.add_argument("--source-patches", metavar="DIR", help="default: the project's patches/")
+    p.add_argument(
+        "--line",
+        metavar="VERSION",
+        help="with --to: the series line to rebase (default: the pin's, patches/)",
+    )
+    p.add_argument("--source-patches", metavar="DIR", help="default: the --line's directory")
     p.add_argument("--out", metavar="DIR", help="default: patches/<VERSION>")
     p.add_argument("--lock", metavar="FILE", help="default: the project's upstream.lock")
     p.add_argument(
