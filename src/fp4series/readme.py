@@ -3,6 +3,8 @@
 A generated block sits between ``<!-- generated: NAME -->`` and ``<!-- end generated: NAME -->``
 in README.md; everything else in the README is prose written by hand. Blocks:
   series      patches/series and each patch's subject, Upstream-Status and Tests: trailer
+  line-V      the maintained line on release V (patches/V): its patches with the source patch
+              each came from, then every source patch it dropped and where upstream has it
   gpu-numerics  reports/h200/numerics.json and turing_ptx.json (max relative L2 per group)
   gpu-bench   reports/h200/bench.json (time ratios per M range)
 ``python -m fp4series readme`` rewrites the blocks in place; ``--check`` changes nothing and
@@ -22,7 +24,7 @@ from fp4series import paths, report
 from fp4series.errors import SeriesError
 
 BLOCK = re.compile(
-    r"(<!-- generated: (?P<name>[\w-]+) -->\n)(?P<body>.*?)(<!-- end generated: (?P=name) -->)",
+    r"(<!-- generated: (?P<name>[\w.-]+) -->\n)(?P<body>.*?)(<!-- end generated: (?P=name) -->)",
     re.S,
 )
 M_RANGES = (("M <= 8", (1, 2, 4, 8)), ("M = 16", (16,)), ("M = 32", (32,)),
@@ -36,18 +38,51 @@ def _table(header: Iterable[str], rows: Iterable[Iterable[Any]]) -> str:
     return "\n".join(lines) + "\n"
 
 
+def _subject(p: Any) -> str:
+    return re.sub(r"^\[[^\]]*\]\s*", "", p.subject)
+
+
+def _tests(p: Any) -> str:
+    from fp4series import prefix
+
+    tests = p.tests()
+    cpu = len(prefix.cpu_tests(tests))
+    return f"{cpu} CPU, {len(tests) - cpu} GPU"
+
+
 def series_table(root: Path) -> str:
-    from fp4series import prefix, series
+    from fp4series import series
 
     rows = []
     for i, p in enumerate(series.load_series(root / "patches"), 1):
-        tests = p.tests()
-        cpu = len(prefix.cpu_tests(tests))
-        subject = re.sub(r"^\[[^\]]*\]\s*", "", p.subject)
         name = p.name.removesuffix(".patch")
-        rows.append((i, f"`{name}`", subject, p.upstream_status or "(none)",
-                     f"{cpu} CPU, {len(tests) - cpu} GPU"))  # fmt: skip
+        rows.append((i, f"`{name}`", _subject(p), p.upstream_status or "(none)", _tests(p)))
     return _table(("#", "patch", "what", "Upstream-Status", "Tests"), rows)
+
+
+def line_table(root: Path, version: str) -> str:
+    """The line on VERSION: what it carries (and from which source patch), what it dropped."""
+    from fp4series import series
+    from fp4series.line import resolve_line
+    from fp4series.rebase.record import DROPPED, TRAILER, parse_dropped
+
+    line = resolve_line(version, root=root)
+    rows = []
+    for i, p in enumerate(series.load_series(line.patches_dir), 1):
+        source = p.trailers.get(TRAILER, "").split()
+        origin = source[0].split("-", 1)[0] if source else "(new)"
+        rows.append((i, _subject(p), origin, p.upstream_status or "(none)", _tests(p)))
+    text = _table(("#", "what", "from", "Upstream-Status", "Tests"), rows)
+    drops = line.patches_dir / DROPPED
+    if drops.is_file():
+        gone = []
+        for st in parse_dropped(drops).stanzas:
+            how = "by hand" if st.get("Resolution") else "by the rebase check"
+            gone.append((st.get("Patch").split("-", 1)[0], st.get("Applied-Upstream") or "?",
+                         f"{st.get('Verdict')}, dropped {how}"))  # fmt: skip
+        text += "\nDropped (`" + str(drops.relative_to(root)) + "`):\n\n"
+        text += _table(("source patch", "upstream since", "verdict"), gone)
+    return text
 
 
 def _e(x: float) -> str:
@@ -125,16 +160,26 @@ GENERATORS: dict[str, Callable[[Path], str]] = {
 }
 
 
+def _generator(name: str) -> Callable[[Path], str] | None:
+    if name in GENERATORS:
+        return GENERATORS[name]
+    if name.startswith("line-"):
+        return lambda root: line_table(root, name.removeprefix("line-"))
+    return None
+
+
 def render(text: str, root: Path) -> tuple[str, list[str]]:
     """TEXT with every generated block rewritten, and the names of the blocks that changed."""
     changed: list[str] = []
-    unknown = [m["name"] for m in BLOCK.finditer(text) if m["name"] not in GENERATORS]
+    unknown = [m["name"] for m in BLOCK.finditer(text) if _generator(m["name"]) is None]
     if unknown:
         raise SeriesError(f"README has unknown generated blocks {unknown}",
-                          hint=f"known: {', '.join(GENERATORS)}")  # fmt: skip
+                          hint=f"known: {', '.join(GENERATORS)}, line-<VERSION>")  # fmt: skip
 
     def one(m: re.Match[str]) -> str:
-        body = GENERATORS[m["name"]](root)
+        generate = _generator(m["name"])
+        assert generate is not None
+        body = generate(root)
         if body != m["body"]:
             changed.append(m["name"])
         return m.group(1) + body + m.group(4)
