@@ -623,7 +623,16 @@ def lint_paths(
             hint="fix upstream.lock (scripts/lint-patches.sh upstream.lock says what is wrong)",
         )
     if where is None:
-        notes.append(f"blob check skipped: {root / 'upstream.lock'} does not name a pin")
+        lock_file = root / "upstream.lock"
+        checked = {f.resolve() for f in files if f.name == "upstream.lock"}
+        try:
+            load_lock(lock_file)
+            why = "it names no release for this line"
+        except SeriesError as exc:  # apply and split refuse such a lock: so does the linter
+            why = str(exc).split(": ", 1)[-1]
+            if lock_file.resolve() not in checked and lock_file.exists():
+                problems.append(Problem(_display(lock_file), 0, why))
+        notes.append(f"blob check skipped: {lock_file} cannot say where the pin is ({why})")
     elif not (where[0] / ".git").exists() and not require_pin and pin is None:
         version = f" --version {line}" if line else ""
         notes.append(

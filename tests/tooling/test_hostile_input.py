@@ -110,6 +110,9 @@ def test_lock_values_that_become_paths_are_plain(env: Env, old: str, new: str, n
     with pytest.raises(SeriesError, match="not a plain name|not a wheel file name") as exc:
         load_lock(lock)
     assert named in str(exc.value)
+    # the linter refuses what apply refuses, also when only the patches are linted
+    found = lint_paths([], root=env.root, patches_dir=env.patches)
+    assert any("upstream.lock" in str(p) and named in str(p) for p in found), found
 
 
 def test_crlf_patch_is_named_as_such(env: Env) -> None:
