@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # The GPU proof on a CUDA host: builds the JIT modules it needs (in parallel), runs the GPU
-# stages (tests/gpu numerics and the unpatched repro, the compute_75 PTX path, the benchmark)
-# and writes their reports (default reports/h200/).
+# stages (tests/gpu numerics and the unpatched repro, upstream's conformance tests, the
+# compute_75 PTX path, the benchmark; e2e: real checkpoints through SGLang's engine, not a
+# default stage) and writes their reports (default reports/h200/).
 #   scripts/gpu-proof.sh [--stages numerics,compute75,bench] [--out DIR] [--bundle PATH]
 # Without --bundle it needs SGLang's runtime here (torch, sgl_kernel, apache-tvm-ffi, nvcc,
 # ninja) and the trees of `python -m fp4series prepare-checkout`; with --bundle (from

@@ -58,7 +58,7 @@ class Host:
     """Where the trees, extra packages and caches of one run are, and each variant's env."""
 
     def __init__(self, work: Path, patched: Path, pin: Path, upstream: Path | None) -> None:
-        self.work, self.patched, self.upstream = work, patched, upstream
+        self.work, self.patched, self.upstream, self.pin = work, patched, upstream, pin
         self.unpatched = bundle_mod.unpatched_tree(patched, pin, work)
         self.paths: list[str] = []  # sgl_kernel and the bundled wheels, when bundled
         self.upstream_paths: list[str] = []
@@ -192,6 +192,15 @@ def run_stage(stage: stage_table.Stage, env: dict[str, str], out: Path, logs: Pa
     return rc
 
 
+def stage_extras(host: Host, deadline: float) -> dict[str, str]:
+    """What serve/e2e.py reads from the stage's environment: the pin's tree (a bundle's holds
+    only its jit_kernel sources: e2e.py then falls back to the pin's wheel) and the deadline."""
+    extras = {"FP4SERIES_PIN_TREE": str(host.pin)}
+    if deadline != float("inf"):
+        extras["FP4SERIES_DEADLINE_EPOCH"] = f"{deadline:.1f}"
+    return extras
+
+
 def recorded_command(argv: list[str]) -> str:
     """The command line the reports record: host-specific directories left out."""
     words, skip = ["scripts/gpu-proof.sh"], False
@@ -236,6 +245,7 @@ def run(args: argparse.Namespace) -> int:
                FP4SERIES_UNPATCHED_TREE=str(host.unpatched),
                FP4SERIES_UNPATCHED_CACHE=str(args.work / "cache" / "unpatched"),
                FP4SERIES_C75_CACHE=str(args.work / "cache" / "compute75"))  # fmt: skip
+    env.update(stage_extras(host, deadline))
     if not found["sm75"]:
         env["FP4SERIES_SKIP_TURING"] = "1"
     if host.upstream is not None and not any(built.get(m) for m in modules if m[0] == "upstream"):

@@ -11,7 +11,11 @@ build settings:
   compute75  the patched tree, every module built as compute_75 PTX only (the SM75 path)
   upstream   upstream 0.5.23's tree (the benchmark's comparison column; only when given)
 The conformance stage runs upstream 0.5.13's own NVFP4 Marlin tests (tests/gpu/run_conformance.py);
-a bundle carries their wheel with ``--include WHEEL:wheels/WHEEL``.
+a bundle carries their wheel with ``--include WHEEL:wheels/WHEEL``. The e2e stage (serve/e2e.py,
+issue 13) serves the checkpoints of serve/make_checkpoints.py through SGLang's engine and server;
+it needs SGLang's whole runtime (serve/README.md's wheelhouse venv as PYTHON), so it is not a
+default stage. It reads FP4SERIES_PIN_TREE (the bare pin, its negative control),
+FP4SERIES_DEADLINE_EPOCH (``--deadline``) and FP4SERIES_E2E_ARGS (its own options).
 """
 
 from __future__ import annotations
@@ -69,6 +73,12 @@ STAGES: dict[str, Stage] = {
             ("bench/bench_fp4_marlin.py", "--out", "{report_dir}"),
             ("bench.json", "bench.md", "bench.png"),
             _modules(patched=MARLIN.format("bf16"), upstream="up_gptq_marlin:bf16 up_repack"),
+        ),
+        Stage(
+            "e2e",
+            ("serve/e2e.py", "run", "--out", "{report_dir}"),
+            ("e2e.json", "e2e.md"),
+            _modules(patched=f"{MARLIN.format('bf16')} {MARLIN.format('fp16')}"),
         ),
     )
 }

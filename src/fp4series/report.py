@@ -2,12 +2,16 @@
 
 The GPU tests (tests/gpu), the conformance run (tests/gpu/run_conformance.py) and the benchmark
 (bench/bench_fp4_marlin.py) write ``numerics.json``, ``turing_ptx.json``, ``conformance.json``
-and ``bench.json``; CI cannot rerun them, so ``python -m fp4series check-reports`` checks their
-schema and thresholds: every patched case within ``PATCHED_MAX_REL_L2``, every unpatched-template
+and ``bench.json``, and serve/e2e.py writes ``e2e.json`` (real checkpoints through SGLang's
+engine); CI cannot rerun them, so ``python -m fp4series check-reports`` checks their schema and
+thresholds: every patched case within ``PATCHED_MAX_REL_L2``, every unpatched-template
 repro case failing (above ``UNPATCHED_MIN_REL_L2``), the tracing checks passing, fused shards
 with different global scales served within the gates (each shard too) or refused with a message
 naming the scales, upstream's dense and capability NVFP4 Marlin tests passing, and the command,
-series revision and pin recorded.
+series revision and pin recorded. ``e2e.json`` is checked only where it exists: every format x
+model x dtype served with perplexity within ``E2E_PPL_REL`` of its dequantized reference and
+teacher-forced top-1 agreement of at least ``E2E_TOP1_MIN``, the HTTP requests answered, the bare
+pin refusing, speed and memory rows side by side with the reference.
 """
 
 from __future__ import annotations
@@ -53,6 +57,15 @@ CONFORMANCE_REQUIRED = (
     "test_nvfp4_marlin_support_and_scale_transforms_sm80_sm90",
     "test_nvfp4_marlin_dense_matches_dequant_reference",
 )
+# e2e.json (serve/e2e.py): real checkpoints through SGLang's engine (issue 13)
+E2E_FORMATS = ("compressed-tensors", "modelopt")
+E2E_MODELS = ("dense", "dense-bias", "moe")
+E2E_PPL_REL = 0.01  # |ppl_nvfp4 / ppl_reference - 1|
+E2E_TOP1_MIN = 0.98
+E2E_MIN_PROMPTS = 8
+E2E_MIN_NEW_TOKENS = 128
+E2E_DECODE_BATCHES = (1, 8, 32)
+E2E_MIN_PREFILL_TOKENS = 1024
 
 
 # --------------------------------------------------------------------------- metadata
@@ -497,6 +510,187 @@ def check_bench(data: Mapping[str, Any], problems: list[str]) -> None:
             problems.append(f"{name}: shape {shape} lacks M in {missing}")
 
 
+def _positive(value: object) -> bool:
+    return _is_num(value) and value > 0  # type: ignore[operator]
+
+
+def _brief(error: object) -> str:
+    """A unit's error on one line: what failed, without the log tail serve/e2e.py appends."""
+    head = str(error).split("--- log tail:", 1)[0].strip().splitlines()
+    return " / ".join(head)[:300]
+
+
+def _e2e_key(row: Mapping[str, Any], *fields: str) -> str:
+    return " ".join(str(row.get(f)) for f in fields)
+
+
+def check_e2e_case(name: str, case: Mapping[str, Any], problems: list[str]) -> bool:
+    """One served checkpoint: schema and the two accuracy gates; True if its keys are valid."""
+    where = f"{name}: {_e2e_key(case, 'format', 'model', 'dtype')}"
+    keys_ok = (
+        case.get("format") in E2E_FORMATS
+        and case.get("model") in E2E_MODELS
+        and case.get("dtype") in DTYPES
+    )
+    if not keys_ok:
+        problems.append(
+            f"{where}: format/model/dtype must be one of {E2E_FORMATS} / {E2E_MODELS} / {DTYPES}"
+        )
+    if case.get("error"):
+        problems.append(f"{where}: failed: {_brief(case['error'])}")
+    nv, ref, top1 = case.get("ppl_nvfp4"), case.get("ppl_reference"), case.get("top1_agreement")
+    for field, value in (("ppl_nvfp4", nv), ("ppl_reference", ref), ("top1_agreement", top1)):
+        if not _positive(value):
+            problems.append(f"{where}: {field} is {value!r} (run failed?)")
+    if _positive(nv) and _positive(ref):
+        rel = abs(nv / ref - 1.0)
+        if rel > E2E_PPL_REL:
+            problems.append(
+                f"{where}: perplexity {nv:.4f} vs reference {ref:.4f}: {rel:.2%} apart "
+                f"(gate {E2E_PPL_REL:.0%})"
+            )
+    if _is_num(top1) and top1 < E2E_TOP1_MIN:
+        problems.append(f"{where}: top-1 agreement {top1:.4f} < {E2E_TOP1_MIN}")
+    for field, least in (
+        ("tokens_scored", 1),
+        ("agreement_prompts", E2E_MIN_PROMPTS),
+        ("agreement_new_tokens", E2E_MIN_NEW_TOKENS),
+    ):
+        value = case.get(field)
+        if not isinstance(value, int) or isinstance(value, bool) or value < least:
+            problems.append(f"{where}: {field} must be an integer >= {least}, got {value!r}")
+    return keys_ok
+
+
+def _check_e2e_http(name: str, http: object, problems: list[str], *, marlin: bool) -> None:
+    if not isinstance(http, Mapping):
+        problems.append(f"{name}: missing (an OpenAI-client request to sglang.launch_server)")
+        return
+    if http.get("ok") is not True:
+        problems.append(f"{name}: the server did not answer: {_brief(http.get('error'))}")
+    request = http.get("request")
+    if not isinstance(request, Mapping) or "/v1/completions" not in str(request.get("endpoint")):
+        problems.append(f"{name}: 'request' must record the /v1/completions request it made")
+    elif request.get("temperature") != 0:
+        problems.append(f"{name}: the request must be greedy (temperature 0)")
+    if marlin and http.get("fp4_gemm_backend") != "marlin":
+        problems.append(f"{name}: must be the run with --fp4-gemm-backend marlin given")
+
+
+def check_e2e(data: Mapping[str, Any], problems: list[str]) -> None:
+    """e2e.json: the patched pin serving real NVFP4 checkpoints through its engine (issue 13)."""
+    name = "e2e.json"
+    _check_meta(name, data, problems)
+    commands = data.get("commands")
+    if (
+        not isinstance(commands, list)
+        or not commands
+        or not all(isinstance(c, str) and c for c in commands)
+    ):
+        problems.append(f"{name}: 'commands' must list every command the run made")
+    versions = data.get("versions")
+    if not isinstance(versions, Mapping) or not all(versions.get(k) for k in ("sglang", "torch")):
+        problems.append(f"{name}: 'versions' must name at least sglang and torch")
+    cases = data.get("cases")
+    seen: dict[tuple[Any, ...], int] = {}
+    if not isinstance(cases, list) or not cases:
+        problems.append(f"{name}: 'cases' must be a non-empty list")
+        cases = []
+    for case in cases:
+        if not isinstance(case, Mapping):
+            problems.append(f"{name}: every case must be an object")
+        elif check_e2e_case(name, case, problems):
+            key = (case["format"], case["model"], case["dtype"])
+            seen[key] = seen.get(key, 0) + 1
+    for fmt in E2E_FORMATS:
+        for model in E2E_MODELS:
+            for dtype in DTYPES:
+                count = seen.get((fmt, model, dtype), 0)
+                if count != 1:
+                    what = "no case" if count == 0 else f"{count} cases"
+                    problems.append(f"{name}: {what} for {fmt} {model} {dtype}")
+    unquantized = data.get("unquantized")
+    rows = unquantized if isinstance(unquantized, list) else []
+    for model in E2E_MODELS:
+        for dtype in DTYPES:
+            if not any(
+                isinstance(r, Mapping) and r.get("model") == model and r.get("dtype") == dtype
+                and _positive(r.get("ppl"))
+                for r in rows
+            ):  # fmt: skip
+                problems.append(f"{name}: no unquantized (bf16 checkpoint) perplexity for "
+                                f"{model} {dtype}")  # fmt: skip
+    _check_e2e_http(f"{name} http", data.get("http"), problems, marlin=False)
+    _check_e2e_http(f"{name} http_marlin", data.get("http_marlin"), problems, marlin=True)
+    neg = data.get("negative_control")
+    if not isinstance(neg, Mapping):
+        problems.append(f"{name}: missing 'negative_control' (the bare pin on the same checkpoint)")
+    else:
+        if neg.get("refused") is not True:
+            problems.append(f"{name}: negative_control: the bare pin did not refuse the checkpoint")
+        if "capability" not in str(neg.get("message", "")).lower():
+            problems.append(f"{name}: negative_control: no minimum-capability message recorded")
+        if neg.get("bare") is not True:
+            problems.append(f"{name}: negative_control: not run on the bare pin (bare != true)")
+    _check_e2e_speed(name, data.get("speed"), problems)
+    _check_e2e_memory(name, data.get("memory"), problems)
+
+
+def _check_e2e_speed(name: str, speed: object, problems: list[str]) -> None:
+    if not isinstance(speed, list) or not speed:
+        problems.append(f"{name}: 'speed' must be a non-empty list of rows")
+        return
+    have: dict[tuple[Any, Any], set[Any]] = {}
+    for i, row in enumerate(speed):
+        if not isinstance(row, Mapping):
+            problems.append(f"{name}: speed[{i}] is not an object")
+            continue
+        where = f"{name}: speed {_e2e_key(row, 'format', 'model', 'dtype', 'kind', 'batch')}"
+        for field in ("nvfp4_tok_s", "reference_tok_s"):
+            if not _positive(row.get(field)):
+                problems.append(f"{where}: {field} is {row.get(field)!r}")
+        kind = row.get("kind")
+        if kind == "prefill":
+            tokens = row.get("prompt_tokens")
+            if not isinstance(tokens, int) or tokens < E2E_MIN_PREFILL_TOKENS:
+                problems.append(f"{where}: prefill of {tokens!r} tokens (>= "
+                                f"{E2E_MIN_PREFILL_TOKENS} needed)")  # fmt: skip
+            else:
+                have.setdefault((row.get("format"), row.get("model")), set()).add("prefill")
+        elif kind == "decode":
+            have.setdefault((row.get("format"), row.get("model")), set()).add(row.get("batch"))
+        else:
+            problems.append(f"{where}: kind must be 'decode' or 'prefill'")
+    for fmt in E2E_FORMATS:
+        for model in E2E_MODELS:
+            missing = [
+                str(b)
+                for b in (*E2E_DECODE_BATCHES, "prefill")
+                if b not in have.get((fmt, model), set())
+            ]
+            if missing:
+                problems.append(f"{name}: speed for {fmt} {model} lacks {', '.join(missing)}")
+
+
+def _check_e2e_memory(name: str, memory: object, problems: list[str]) -> None:
+    rows = memory if isinstance(memory, list) else []
+    if not rows:
+        problems.append(f"{name}: 'memory' must be a non-empty list of rows")
+        return
+    for fmt in E2E_FORMATS:
+        for model in E2E_MODELS:
+            ok = any(
+                isinstance(r, Mapping)
+                and r.get("format") == fmt
+                and r.get("model") == model
+                and _positive(r.get("nvfp4_weight_gib"))
+                and _positive(r.get("reference_weight_gib"))
+                for r in rows
+            )
+            if not ok:
+                problems.append(f"{name}: no weight memory (nvfp4 and reference) for {fmt} {model}")
+
+
 def _load(path: Path, problems: list[str]) -> dict[str, Any] | None:
     if not path.is_file():
         return None
@@ -511,7 +705,9 @@ def _load(path: Path, problems: list[str]) -> dict[str, Any] | None:
     return data
 
 
-REPORT_FILES = ("numerics.json", "bench.json", "turing_ptx.json", "conformance.json")
+# Any of these present makes --allow-none check the directory in full; e2e.json itself is
+# checked only where it exists (it comes from its own GPU run, serve/e2e.py).
+REPORT_FILES = ("numerics.json", "bench.json", "turing_ptx.json", "conformance.json", "e2e.json")
 
 
 def check_report_dir(report_dir: Path) -> list[str]:
@@ -538,6 +734,9 @@ def check_report_dir(report_dir: Path) -> list[str]:
         )
     elif conformance is not None:
         check_conformance(conformance, problems)
+    e2e = _load(report_dir / "e2e.json", problems)
+    if e2e is not None:
+        check_e2e(e2e, problems)
     return problems
 
 
@@ -571,8 +770,8 @@ def _cmd_check(args: argparse.Namespace) -> int:
 def register(subparsers: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
     p = subparsers.add_parser(
         "check-reports",
-        help="check reports/h200 (numerics, turing_ptx, conformance, bench) for schema and "
-        "thresholds",
+        help="check reports/h200 (numerics, turing_ptx, conformance, bench, and e2e where "
+        "present) for schema and thresholds",
     )
     p.add_argument("--dir", default=str(DEFAULT_REPORT_DIR), help="report directory")
     p.add_argument(

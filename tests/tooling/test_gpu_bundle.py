@@ -163,6 +163,17 @@ def test_stage_table() -> None:
                 assert (REPO / path).is_file(), path
 
 
+def test_e2e_stage_gets_the_pin_and_the_deadline(sources: dict[str, Path], tmp_path: Path) -> None:
+    stage = stages.STAGES["e2e"]
+    assert "e2e" not in stages.DEFAULT_STAGES  # it needs SGLang's whole runtime and checkpoints
+    assert stage.command[:2] == ("serve/e2e.py", "run") and "{report_dir}" in stage.command
+    assert {v for v, _ in stage.modules} == {"patched"}
+    assert {s.split(":")[1] for _, s in stage.modules if ":" in s} == {"bf16", "fp16"}
+    host = gpu_proof.Host(tmp_path / "work", sources["patched"], sources["pin"], None)
+    assert gpu_proof.stage_extras(host, float("inf")) == {"FP4SERIES_PIN_TREE": str(sources["pin"])}
+    assert gpu_proof.stage_extras(host, 1234.5)["FP4SERIES_DEADLINE_EPOCH"] == "1234.5"
+
+
 def test_recorded_command_leaves_out_host_directories() -> None:
     argv = ["--bundle", "/x/y/bundle.json", "--stages", "numerics", "--out", "/host/out/a",
             "--logs=/host/out/l", "--work", "/tmp/w"]  # fmt: skip

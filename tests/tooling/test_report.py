@@ -364,3 +364,194 @@ def test_conformance_schema_and_presence(tmp_path: Path) -> None:
     assert "'edits' must list every mechanical edit" in text
     assert "is not one of the three" in text
     assert "test_nvfp4_marlin_support_and_scale_transforms_sm80_sm90 was not run" in text
+
+
+# --------------------------------------------------------------------------- e2e.json
+
+
+def _e2e() -> dict[str, Any]:
+    """A passing e2e.json in the shape serve/e2e.py writes (issue 13)."""
+    cases, speed, memory, unquantized = [], [], [], []
+    for fmt in report.E2E_FORMATS:
+        for model in report.E2E_MODELS:
+            for dtype in report.DTYPES:
+                cases.append(
+                    {"format": fmt, "model": model, "dtype": dtype, "ppl_nvfp4": 7.43,
+                     "ppl_reference": 7.41, "top1_agreement": 0.995, "tokens_scored": 32704,
+                     "agreement_prompts": 16, "agreement_new_tokens": 128, "status": "done"}
+                )  # fmt: skip
+            for batch in report.E2E_DECODE_BATCHES:
+                speed.append(
+                    {"format": fmt, "model": model, "dtype": "bfloat16", "kind": "decode",
+                     "batch": batch, "nvfp4_tok_s": 900.0 * batch, "reference_tok_s": 800.0 * batch}
+                )  # fmt: skip
+            speed.append(
+                {"format": fmt, "model": model, "dtype": "bfloat16", "kind": "prefill", "batch": 1,
+                 "prompt_tokens": 1024, "nvfp4_tok_s": 4e4, "reference_tok_s": 5e4}
+            )  # fmt: skip
+            memory.append(
+                {"format": fmt, "model": model, "dtype": "bfloat16", "nvfp4_weight_gib": 0.06,
+                 "reference_weight_gib": 0.12}
+            )  # fmt: skip
+    for model in report.E2E_MODELS:
+        for dtype in report.DTYPES:
+            unquantized.append({"model": model, "dtype": dtype, "ppl": 7.2, "tokens_scored": 32704})
+    request = {"endpoint": "/v1/completions", "model": "m", "prompt": "def f(", "max_tokens": 32,
+               "temperature": 0}  # fmt: skip
+    return {
+        **META,
+        "commands": ["serve/e2e.py run", "python -m sglang.launch_server --model-path m"],
+        "versions": {"sglang": "0.5.11", "torch": "2.11.0+cu130"},
+        "cases": cases,
+        "unquantized": unquantized,
+        "speed": speed,
+        "memory": memory,
+        "http": {"ok": True, "request": request, "response": {"text": " x):"}},
+        "http_marlin": {"ok": True, "request": request, "fp4_gemm_backend": "marlin"},
+        "negative_control": {
+            "refused": True,
+            "bare": True,
+            "message": "ValueError: The quantization method modelopt_fp4 is not supported for "
+            "the current GPU. Minimum capability: 100. Current capability: 90.",
+        },
+    }
+
+
+def _e2e_problems(tmp_path: Path, data: dict[str, Any]) -> list[str]:
+    _write(tmp_path)
+    (tmp_path / "e2e.json").write_text(json.dumps(data))
+    return report.check_report_dir(tmp_path)
+
+
+def test_e2e_report_passes_and_is_checked_only_where_present(tmp_path: Path) -> None:
+    assert _e2e_problems(tmp_path, _e2e()) == []
+    (tmp_path / "e2e.json").unlink()
+    assert report.check_report_dir(tmp_path) == []
+
+
+def _e2e_case(data: dict[str, Any], fmt: str, model: str, dtype: str) -> dict[str, Any]:
+    return next(
+        c for c in data["cases"] if (c["format"], c["model"], c["dtype"]) == (fmt, model, dtype)
+    )
+
+
+def _ppl_apart(d: dict[str, Any]) -> None:
+    _e2e_case(d, "modelopt", "moe", "float16")["ppl_nvfp4"] = 7.41 * 1.015
+
+
+def _top1_low(d: dict[str, Any]) -> None:
+    _e2e_case(d, "compressed-tensors", "dense-bias", "bfloat16")["top1_agreement"] = 0.97
+
+
+def _case_missing(d: dict[str, Any]) -> None:
+    d["cases"].remove(_e2e_case(d, "modelopt", "moe", "bfloat16"))
+
+
+def _case_twice(d: dict[str, Any]) -> None:
+    d["cases"].append(dict(_e2e_case(d, "modelopt", "dense", "float16")))
+
+
+def _case_failed(d: dict[str, Any]) -> None:
+    case = _e2e_case(d, "compressed-tensors", "moe", "float16")
+    case.update(ppl_nvfp4=None, error="worker exit -9")
+
+
+def _few_prompts(d: dict[str, Any]) -> None:
+    _e2e_case(d, "modelopt", "dense", "bfloat16")["agreement_prompts"] = 4
+
+
+def _http_down(d: dict[str, Any]) -> None:
+    d["http"].update(ok=False, error="server not ready after 600 s")
+
+
+def _http_not_greedy(d: dict[str, Any]) -> None:
+    d["http"]["request"] = {**d["http"]["request"], "temperature": 0.7}
+
+
+def _marlin_not_explicit(d: dict[str, Any]) -> None:
+    d["http_marlin"]["fp4_gemm_backend"] = "auto"
+
+
+def _not_refused(d: dict[str, Any]) -> None:
+    d["negative_control"].update(refused=False, message="")
+
+
+def _not_bare(d: dict[str, Any]) -> None:
+    d["negative_control"]["bare"] = False
+
+
+def _no_decode_32(d: dict[str, Any]) -> None:
+    d["speed"] = [r for r in d["speed"] if not (r["model"] == "moe" and r.get("batch") == 32)]
+
+
+def _short_prefill(d: dict[str, Any]) -> None:
+    for r in d["speed"]:
+        if r["kind"] == "prefill":
+            r["prompt_tokens"] = 512
+
+
+def _no_memory(d: dict[str, Any]) -> None:
+    d["memory"] = [m for m in d["memory"] if m["model"] != "dense-bias"]
+
+
+def _no_unquantized(d: dict[str, Any]) -> None:
+    d["unquantized"] = d["unquantized"][1:]
+
+
+def _no_commands(d: dict[str, Any]) -> None:
+    d["commands"] = []
+    del d["versions"]["sglang"]
+
+
+@pytest.mark.parametrize(
+    ("mutate", "expected"),
+    [
+        (_ppl_apart, "e2e.json: modelopt moe float16: perplexity 7.5211 vs reference 7.4100: "
+                     "1.50% apart (gate 1%)"),
+        (_top1_low, "compressed-tensors dense-bias bfloat16: top-1 agreement 0.9700 < 0.98"),
+        (_case_missing, "e2e.json: no case for modelopt moe bfloat16"),
+        (_case_twice, "e2e.json: 2 cases for modelopt dense float16"),
+        (_case_failed, "compressed-tensors moe float16: ppl_nvfp4 is None (run failed?)"),
+        (_few_prompts, "agreement_prompts must be an integer >= 8, got 4"),
+        (_http_down, "e2e.json http: the server did not answer: server not ready after 600 s"),
+        (_http_not_greedy, "e2e.json http: the request must be greedy (temperature 0)"),
+        (_marlin_not_explicit, "http_marlin: must be the run with --fp4-gemm-backend marlin"),
+        (_not_refused, "negative_control: the bare pin did not refuse the checkpoint"),
+        (_not_bare, "negative_control: not run on the bare pin"),
+        (_no_decode_32, "speed for compressed-tensors moe lacks 32"),
+        (_short_prefill, "prefill of 512 tokens (>= 1024 needed)"),
+        (_no_memory, "no weight memory (nvfp4 and reference) for modelopt dense-bias"),
+        (_no_unquantized, "no unquantized (bf16 checkpoint) perplexity for dense float16"),
+        (_no_commands, "'commands' must list every command the run made"),
+    ],
+)  # fmt: skip
+def test_e2e_gates(tmp_path: Path, mutate: Any, expected: str) -> None:
+    data = copy.deepcopy(_e2e())
+    mutate(data)
+    problems = _e2e_problems(tmp_path, data)
+    assert any(expected in p for p in problems), problems
+    assert all(p.startswith("e2e.json") for p in problems)
+
+
+def test_e2e_extra_failure_details(tmp_path: Path) -> None:
+    data = _e2e()
+    _not_refused(data)
+    _case_failed(data)
+    del data["series_revision"]
+    text = "\n".join(_e2e_problems(tmp_path, data))
+    assert "no minimum-capability message recorded" in text
+    assert "compressed-tensors moe float16: failed: worker exit -9" in text
+    assert "e2e.json: missing top-level field 'series_revision'" in text
+
+
+def test_allow_none_checks_a_lone_e2e_report(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    data = _e2e()
+    _top1_low(data)
+    (tmp_path / "e2e.json").write_text(json.dumps(data))
+    args = type("A", (), {"dir": str(tmp_path), "allow_none": True})()
+    with pytest.raises(SeriesError):  # present, so checked in full: not "GPU proof pending"
+        report._cmd_check(args)  # type: ignore[arg-type]
+    out = capsys.readouterr().out
+    assert "top-1 agreement 0.9700 < 0.98" in out and "numerics.json: not found" in out

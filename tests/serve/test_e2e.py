@@ -1,0 +1,697 @@
+"""serve/e2e.py on CPU: the arithmetic, the unit plan, the locks, the report, the runner with a
+stand-in worker, and serve/e2e_engine.py against stand-ins of SGLang's engine, server and the
+bare pin. What only a GPU shows (the real engine's numbers) is serve/README.md section 3's."""
+
+from __future__ import annotations
+
+import ast
+import json
+import math
+import os
+import signal
+import sys
+import textwrap
+import threading
+import time
+import types
+from pathlib import Path
+from typing import Any
+
+import e2e
+import e2e_engine
+import pytest
+
+from fp4series import report
+
+HERE = Path(__file__).resolve().parent
+FAKE = HERE / "_e2e_fake.py"
+sys.path.insert(0, str(HERE))
+import _e2e_fake  # noqa: E402
+
+SMALL = ["--ppl-windows", "4", "--prompts", "8", "--new-tokens", "128", "--speed-new-tokens", "16",
+         "--speed-repeats", "2"]  # fmt: skip
+
+
+def settings(*extra: str) -> dict[str, Any]:
+    return e2e.settings_from_args(e2e.parse_args(["run", *SMALL, *extra]))
+
+
+# --------------------------------------------------------------------------- arithmetic
+
+
+def test_perplexity_from_input_logprobs_skips_the_first_token() -> None:
+    entries = [(None, 5, None), (-1.0, 6, None), [-3.0, 7, None]]  # tuples, or lists over IPC
+    assert e2e.nll_of(entries) == (4.0, 2)
+    ppl, n = e2e.perplexity([e2e.nll_of(entries), (2.0, 2)])
+    assert n == 4 and ppl == pytest.approx(math.exp(6.0 / 4))
+    assert e2e.perplexity([]) == (None, 0)
+    assert e2e.perplexity([e2e.nll_of([(None, 1, None), (float("-inf"), 2, None)])])[0] is None
+
+
+def test_top1_and_agreement() -> None:
+    tops = [None, [(-0.1, 4, None)], [[-0.2, 9, None]], []]
+    assert e2e.top1_of(tops, 1) == [4, 9, None]
+    frac, n = e2e.agreement([[1, 2, 3], [4, None]], [[1, 0, 3], [4, None]])
+    assert (frac, n) == (pytest.approx(3 / 5), 5)  # None never agrees
+    with pytest.raises(ValueError):
+        e2e.agreement([[1]], [[1, 2]])
+
+
+def test_speed_and_memory_helpers() -> None:
+    rate = e2e.decode_rate(8, 129, [2.2, 2.0, 2.1], [0.1, 0.12, 0.1])
+    assert rate["tok_s"] == pytest.approx(8 * 128 / 2.0)
+    assert rate["ms_per_token"] == pytest.approx(2000.0 / 128)
+    assert e2e.decode_rate(8, 129, [0.1], [0.2])["tok_s"] is None  # noise: no rate, not a lie
+    assert e2e.prefill_rate(1024, [0.02, 0.03, 0.025])["tok_s"] == pytest.approx(1024 / 0.025)
+    info = {"internal_states": [{"memory_usage": {"weight": 0.06, "kvcache": 0.5, "graph": 0.1,
+                                                  "token_capacity": 131072}}]}  # fmt: skip
+    assert e2e.weight_gib(info)["weight_gib"] == 0.06
+    assert e2e.weight_gib({})["weight_gib"] is None
+
+
+def test_log_evidence_and_refusal() -> None:
+    log = ("[x] SM90 has no FP4 tensor cores: auto-selecting fp4-gemm-backend=marlin (W4A16)\n"
+           "noise\n[y] ModelOptFp4LinearMethod: ...; serving NVFP4 weight-only through FP4 "
+           "Marlin (activations are not quantized).\n")  # fmt: skip
+    assert len(e2e.marlin_evidence(log)) == 2
+    out = f"PROBE: {{}}\n{_e2e_fake.MIN_CAP}\nRuntimeError: Initialization failed."
+    assert e2e.refusal(out, -9) == (True, _e2e_fake.MIN_CAP)
+    assert e2e.refusal(out + "\nPROBE: engine started", 0)[0] is False
+    assert e2e.refusal("ImportError: no module", 1) == (False, "")
+
+
+def test_error_lines_pick_the_traceback_end() -> None:
+    log = "ok\nTraceback (most recent call last):\n  File x\nValueError: bad scale\nok\n"
+    assert e2e.error_lines(log) == ["Traceback (most recent call last):", "ValueError: bad scale"]
+
+
+def test_pin_env_replaces_every_sglang_tree(tmp_path: Path) -> None:
+    patched = tmp_path / "patched"
+    (patched / "sglang").mkdir(parents=True)
+    (patched / "sglang" / "__init__.py").write_text("")
+    env = {"PYTHONPATH": f"/site:{patched}:/src", "X": "1"}
+    out = e2e.pin_env(env, "/pin", "/cache")
+    assert out["PYTHONPATH"] == "/pin:/site:/src" and out["X"] == "1"
+    assert out["TVM_FFI_CACHE_DIR"] == "/cache"
+
+
+def test_token_sets_are_disjoint_and_sized() -> None:
+    s = settings()
+    sets = e2e.token_sets(list(range(20000)), s)
+    assert [len(w) for w in sets["ppl"]] == [512] * 4
+    assert len(sets["prompts"]) == 8 and len(sets["speed"]) == 32
+    assert len(sets["prefill"]) == 1024
+    flat = [t for k in ("ppl", "prompts", "speed") for w in sets[k] for t in w] + sets["prefill"]
+    assert len(flat) == len(set(flat))
+    with pytest.raises(ValueError, match="held-out text has 100 tokens"):
+        e2e.token_sets(list(range(100)), s)
+
+
+# --------------------------------------------------------------------------- settings, units
+
+
+def test_engine_settings_and_server_command() -> None:
+    s = settings("--cuda-graph-max-bs", "32", "--disable-piecewise-cuda-graph",
+                 "--attention-backend", "triton")  # fmt: skip
+    kw = e2e.engine_kwargs(s, "/m", "float16")
+    assert kw == {"model_path": "/m", "dtype": "float16", "log_level": "info", "random_seed": 0,
+                  "attention_backend": "triton", "max_total_tokens": 131072,
+                  "cuda_graph_max_bs": 32, "disable_piecewise_cuda_graph": True}  # fmt: skip
+    cmd = e2e.server_command(s, "/m", "bfloat16", 30001, "marlin")
+    assert cmd[1:3] == ["-m", "sglang.launch_server"]
+    joined = " ".join(cmd)
+    for part in ("--host 127.0.0.1", "--port 30001", "--model-path /m", "--dtype bfloat16",
+                 "--attention-backend triton", "--disable-piecewise-cuda-graph",
+                 "--fp4-gemm-backend marlin", "--max-total-tokens 131072"):  # fmt: skip
+        assert part in joined
+    assert e2e.choose_attention_backend("auto", fa3_available=False) == "triton"
+    assert e2e.choose_attention_backend("auto", fa3_available=True) is None  # engine: fa3
+    assert e2e.choose_attention_backend("flashinfer", fa3_available=True) == "flashinfer"
+    assert e2e.settings_from_args(e2e.parse_args(["--max-total-tokens", "0"]))[
+        "max_total_tokens"] is None  # fmt: skip
+
+
+def test_plan_and_selection(tmp_path: Path) -> None:
+    units = e2e.plan_units(tmp_path, settings(), "/pin")
+    ids = [u.id for u in units]
+    assert len(ids) == 1 + 12 + 6 + 2 and ids[0] == "negative"
+    assert {u.spec["dtype"] for u in units[1:4]} == set(report.DTYPES)  # JIT builds overlap
+    cases = [u for u in units if u.kind == "case"]
+    assert {(u.spec["format"], u.spec["model"], u.spec["dtype"]) for u in cases} == {
+        (f, m, d) for f in report.E2E_FORMATS for m in report.E2E_MODELS for d in report.DTYPES
+    }
+    assert all(u.spec["speed"] == (u.spec["dtype"] == "bfloat16") for u in cases)
+    pick = e2e.select_units(units, "case/moe, http, case/*/modelopt/float16")
+    assert [u.id for u in pick] == [
+        "case/dense/modelopt/float16", "case/dense-bias/modelopt/float16",
+        "case/moe/compressed-tensors/float16", "case/moe/modelopt/float16",
+        "case/moe/compressed-tensors/bfloat16", "case/moe/modelopt/bfloat16",
+        "http/auto", "http/marlin",
+    ]  # fmt: skip
+    with pytest.raises(ValueError, match="selects no unit"):
+        e2e.select_units(units, "cases")
+
+
+def test_unit_hash_follows_settings_and_checkpoints(tmp_path: Path) -> None:
+    (tmp_path / "dense" / "bf16").mkdir(parents=True)
+    unit = next(u for u in e2e.plan_units(tmp_path, settings(), None) if u.kind == "unquantized")
+    first = e2e.unit_hash(unit, settings())
+    assert e2e.unit_hash(unit, settings()) == first
+    assert e2e.unit_hash(unit, settings("--ppl-windows", "5")) != first
+    (tmp_path / "dense" / "bf16" / "model.safetensors").write_bytes(b"x")  # a remade checkpoint
+    assert e2e.unit_hash(unit, settings()) != first
+
+
+def test_gate_speed_runs_alone() -> None:
+    import tempfile
+
+    with tempfile.TemporaryDirectory() as tmp:
+        gate, events, lock = e2e.Gate(Path(tmp)), [], threading.Lock()
+
+        def note(what: str) -> None:
+            with lock:
+                events.append(what)
+
+        def starting(delay: float, hold: float, name: str) -> None:
+            time.sleep(delay)
+            with gate.starting():
+                note(f"{name}+")
+                time.sleep(hold)
+                note(f"{name}-")
+
+        def quiet() -> None:
+            time.sleep(0.05)
+            with gate.quiet():
+                note("q+")
+                time.sleep(0.3)
+                note("q-")
+
+        def working() -> None:
+            time.sleep(0.1)
+            with gate.working():
+                note("w")
+
+        threads = [threading.Thread(target=starting, args=(0, 0.3, "s1")),
+                   threading.Thread(target=starting, args=(0.01, 0.1, "s2")),
+                   threading.Thread(target=quiet), threading.Thread(target=working),
+                   threading.Thread(target=starting, args=(0.15, 0.01, "s3"))]  # fmt: skip
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(10)
+    assert events.index("s2+") < events.index("s1-")  # starts overlap each other
+    q_on, q_off = events.index("q+"), events.index("q-")
+    assert q_on > events.index("s1-") and q_on > events.index("s2-")  # speed waits for starts
+    assert events.index("s3+") > q_off  # a start queued behind speed waits for it
+    assert events.index("w") > q_off or events.index("w") < q_on
+
+
+# --------------------------------------------------------------------------- report
+
+
+def full_records(s: dict[str, Any], ckpt: Path) -> tuple[list[e2e.Unit], dict[str, Any]]:
+    units = e2e.plan_units(ckpt, s, "/pin")
+    records = {u.id: {"id": u.id, "kind": u.kind, "spec": u.spec, "status": "done",
+                      "seconds": 30.0, "data": _e2e_fake.unit_data(u.kind, u.spec, s, flips=2)}
+               for u in units}  # fmt: skip
+    return units, records
+
+
+def assemble(units: list[e2e.Unit], records: dict[str, Any], s: dict[str, Any]) -> dict[str, Any]:
+    meta = report.run_metadata("serve/e2e.py run", device="NVIDIA H200")
+    return e2e.assemble_report(records, units, meta, s, ["serve/e2e.py run"],
+                               {"sglang": "0.5.11", "torch": "2.11.0"})  # fmt: skip
+
+
+def test_assembled_report_passes_the_ci_check_and_renders(tmp_path: Path) -> None:
+    s = settings()
+    units, records = full_records(s, tmp_path)
+    rep = assemble(units, records, s)
+    problems: list[str] = []
+    report.check_e2e(rep, problems)
+    assert problems == []
+    case = rep["cases"][0]
+    assert case["ppl_rel_diff"] == pytest.approx(0.002, rel=1e-3)
+    assert case["top1_agreement"] == pytest.approx(1 - 2 / (8 * 128))
+    assert case["agreement_tokens"] == 8 * 128 and case["reference_top1_is_its_greedy"] == 1.0
+    assert case["ppl_unquantized"] == pytest.approx(math.exp(1.9))
+    decode = [r for r in rep["speed"] if r["kind"] == "decode" and r["batch"] == 8]
+    assert len(decode) == 6 and decode[0]["speedup"] == pytest.approx(1 / 0.6, rel=0.1)
+    assert len(rep["memory"]) == 12 and rep["complete"] is True
+    md = e2e.render_markdown(rep)
+    assert "**Check: OK**" in md and "| compressed-tensors | dense | float16 |" in md
+    rep["cases"][0]["top1_agreement"] = 0.9
+    assert "top-1 agreement 0.9000 < 0.98" in e2e.render_markdown(rep)
+
+
+def test_partial_records_give_a_valid_incomplete_report(tmp_path: Path) -> None:
+    s = settings()
+    units, records = full_records(s, tmp_path)
+    crashed = "case/moe/modelopt/bfloat16"
+    records[crashed]["status"] = "failed"
+    records[crashed]["error"] = "worker exit -9"
+    del records[crashed]["data"]["nvfp4"]
+    del records["http/marlin"]
+    records["case/dense/modelopt/float16"]["data"]["nvfp4"]["top1"][0].pop()  # shapes differ
+    rep = json.loads(json.dumps(assemble(units, records, s)))  # JSON round trip
+    assert rep["complete"] is False and rep["units"]["http/marlin"]["status"] is None
+    problems: list[str] = []
+    report.check_e2e(rep, problems)
+    text = "\n".join(problems)
+    assert "modelopt moe bfloat16: failed: worker exit -9" in text
+    assert "ppl_nvfp4 is None" in text and "http_marlin: missing" in text
+    assert "top1_agreement is None" in text  # the case whose lists differ in shape
+    assert "speed for modelopt moe lacks 1, 8, 32, prefill" in text
+
+
+# --------------------------------------------------------------------------- the runner
+
+
+@pytest.fixture()
+def ckpt(tmp_path: Path) -> Path:
+    root = tmp_path / "ckpt"
+    for model in report.E2E_MODELS:
+        for sub in ("bf16", "ct-nvfp4", "reference-ct", "modelopt-nvfp4", "reference-modelopt"):
+            (root / model / sub).mkdir(parents=True)
+            (root / model / sub / "model.safetensors").write_bytes(b"\0" * 4096)
+        (root / model / "bf16" / "tokenizer.json").write_text("{}")
+        (root / model / "train.json").write_text(json.dumps({"heldout_ppl": {"bf16": 6.7}}))
+    (root / "heldout.txt").write_text("x")
+    return root
+
+
+@pytest.fixture()
+def pin(tmp_path: Path) -> Path:
+    tree = tmp_path / "pin"
+    (tree / "sglang" / "srt" / "entrypoints").mkdir(parents=True)
+    (tree / "sglang" / "srt" / "entrypoints" / "engine.py").write_text("")
+    return tree
+
+
+@pytest.fixture()
+def fake_worker(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> Path:
+    starts = tmp_path / "starts.txt"
+    monkeypatch.setattr(e2e, "WORKER", [sys.executable, str(FAKE)])
+    monkeypatch.setattr(e2e, "heldout_ids", lambda _tok, _txt: list(range(20000)))
+    real = e2e.versions()
+    assert real["python"] and "torch" in real and "sglang-kernel" in real
+    monkeypatch.setattr(e2e, "versions", lambda: {**real, "sglang": "0.5.11+test"})
+    monkeypatch.setenv("FAKE_E2E_STARTS", str(starts))
+    monkeypatch.delenv(e2e.ENV_ARGS, raising=False)
+    monkeypatch.delenv(e2e.ENV_DEADLINE, raising=False)
+    handlers = {s: signal.getsignal(s) for s in (signal.SIGINT, signal.SIGTERM)}
+    yield starts
+    for sig, handler in handlers.items():
+        signal.signal(sig, handler)
+
+
+def run_main(ckpt: Path, pin: Path, tmp: Path, *extra: str) -> int:
+    return e2e.main(["run", "--checkpoints", str(ckpt), "--out", str(tmp / "out"), "--work",
+                     str(tmp / "work"), "--pin", str(pin), "--poll", "0.05", "--report-every",
+                     "0.2", *SMALL, *extra])  # fmt: skip
+
+
+def starts_of(path: Path) -> list[str]:
+    return path.read_text().split() if path.is_file() else []
+
+
+def test_full_run_with_a_stand_in_worker_then_resume(
+    ckpt: Path, pin: Path, tmp_path: Path, fake_worker: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    assert run_main(ckpt, pin, tmp_path, "--only", "negative,case/dense") == 0
+    assert len(starts_of(fake_worker)) == 5
+    out = capsys.readouterr().out
+    assert "negative: [unit    0.0s] fake worker negative" in out  # the workers' progress
+    assert "case/dense/modelopt/bfloat16: done in" in out
+    partial = json.loads((tmp_path / "out" / "e2e.json").read_text())
+    assert partial["complete"] is False and len(partial["cases"]) == 4
+    assert run_main(ckpt, pin, tmp_path, "--workers", "4") == 0
+    started = starts_of(fake_worker)
+    assert len(started) == 21 and len(set(started)) == 21  # the first five were not redone
+    rep = json.loads((tmp_path / "out" / "e2e.json").read_text())
+    assert rep["complete"] is True and rep["versions"]["sglang"] == "0.5.11+test"
+    problems = report.check_report_dir(tmp_path / "out")
+    assert [p for p in problems if p.startswith("e2e.json")] == []  # the other reports: absent
+    assert "**Check: OK**" in (tmp_path / "out" / "e2e.md").read_text()
+    assert (tmp_path / "work" / "tokens.json").is_file()
+    assert run_main(ckpt, pin, tmp_path, "--ppl-windows", "5", "--only", "unquantized/moe") == 0
+    assert sorted(starts_of(fake_worker)[21:]) == [
+        "unquantized/moe/bfloat16",
+        "unquantized/moe/float16",
+    ]  # other settings: redone
+
+
+def test_a_crashing_worker_costs_one_unit(
+    ckpt: Path, pin: Path, tmp_path: Path, fake_worker: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("FAKE_E2E_MODE", "crash:case/moe/modelopt/float16")
+    assert run_main(ckpt, pin, tmp_path, "--only", "case/moe") == 1
+    rep = json.loads((tmp_path / "out" / "e2e.json").read_text())
+    bad = [c for c in rep["cases"] if c["status"] != "done"]
+    assert [(c["model"], c["format"], c["dtype"]) for c in bad] == [("moe", "modelopt", "float16")]
+    assert "worker exit 3" in bad[0]["error"] and "Received sigquit" in bad[0]["error"]
+    monkeypatch.setenv("FAKE_E2E_MODE", "ok")
+    assert run_main(ckpt, pin, tmp_path, "--only", "case/moe") == 0  # only the failed one again
+    assert starts_of(fake_worker)[4:] == ["case/moe/modelopt/float16"]
+
+
+def test_deadline_stops_workers_and_leaves_a_valid_report(
+    ckpt: Path, pin: Path, tmp_path: Path, fake_worker: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("FAKE_E2E_MODE", "sleep")
+    t = time.time()
+    rc = run_main(ckpt, pin, tmp_path, "--only", "negative,case/dense", "--deadline", "12",
+                  "--stop-margin", "1", "--launch-margin", "0")  # fmt: skip
+    assert rc == 1 and time.time() - t < 30
+    rep = json.loads((tmp_path / "out" / "e2e.json").read_text())
+    assert rep["stopped"] == "deadline" and rep["negative_control"]["refused"] is True
+    assert {c["status"] for c in rep["cases"]} == {"failed"}
+    assert all("stopped: deadline" in c["error"] for c in rep["cases"])
+
+
+def test_plan_lists_units_and_missing_checkpoints(
+    ckpt: Path, pin: Path, tmp_path: Path, fake_worker: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    import shutil
+
+    shutil.rmtree(ckpt / "moe" / "modelopt-nvfp4")
+    assert e2e.main(["plan", "--checkpoints", str(ckpt), "--work", str(tmp_path / "w"),
+                     "--pin", str(pin)]) == 0  # fmt: skip
+    plan = json.loads(capsys.readouterr().out)
+    assert len(plan["units"]) == 21 and plan["missing_checkpoints"] == [
+        str(ckpt / "moe" / "modelopt-nvfp4")
+    ]
+    with pytest.raises(SystemExit, match="checkpoints missing"):
+        run_main(ckpt, pin, tmp_path)
+    with pytest.raises(SystemExit, match="no complete tree of the bare pin"):
+        e2e.main(["run", "--checkpoints", str(ckpt), "--work", str(tmp_path / "w"),
+                  "--pin", str(tmp_path), "--only", "negative"])  # fmt: skip
+
+
+def test_pin_wheel_is_checked_and_unpacked(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    import hashlib
+    import zipfile
+
+    wheel = tmp_path / "sglang-0.5.11-cp311-cp311-manylinux_2_34_x86_64.whl"
+    with zipfile.ZipFile(wheel, "w") as zf:
+        zf.writestr("sglang/srt/entrypoints/engine.py", "")
+        zf.writestr("sglang-0.5.11.dist-info/RECORD", "")
+    lock = {"tag": "v0.5.11", "wheel_filename": wheel.name,
+            "sha256": hashlib.sha256(wheel.read_bytes()).hexdigest()}  # fmt: skip
+    monkeypatch.setattr(e2e, "pin_lock", lambda: lock)
+    tree = Path(e2e.resolve_pin(wheel, tmp_path / "work"))
+    assert (tree / "sglang" / "srt" / "entrypoints" / "engine.py").is_file()
+    assert not (tree / "sglang-0.5.11.dist-info").exists()
+    lock["sha256"] = "0" * 64
+    with pytest.raises(SystemExit, match="is not the pin's"):
+        e2e.resolve_pin(wheel, tmp_path / "work2")
+
+
+def test_render_command(tmp_path: Path) -> None:
+    s = settings()
+    units, records = full_records(s, tmp_path)
+    src = tmp_path / "e2e.json"
+    src.write_text(json.dumps(assemble(units, records, s)))
+    assert e2e.main(["render", str(src)]) == 0
+    assert "**Check: OK**" in (tmp_path / "e2e.md").read_text()
+
+
+# --------------------------------------------------------------------------- e2e_engine.py
+
+
+class FakeEngine:
+    """The Engine surface the worker uses, with the pin's keyword names (a misnamed argument
+    fails); NVFP4 engines predict a different token at every 50th position."""
+
+    log: Path | None = None
+    started: list[str] = []
+
+    def __init__(self, *, model_path: str, dtype: str, log_level: str, random_seed: int,
+                 **server_args: Any) -> None:  # fmt: skip
+        assert dtype in report.DTYPES and log_level == "info"
+        self.nvfp4 = "nvfp4" in model_path
+        self.started.append(Path(model_path).name)
+        if self.log and self.nvfp4:
+            with self.log.open("a") as fh:
+                fh.write("x: ...; serving NVFP4 weight-only through FP4 Marlin (activations ...)\n")
+
+    def _next(self, ids: list[int]) -> int:
+        token = (ids[-1] * 3 + 1) % 1000
+        return token + 1 if self.nvfp4 and len(ids) % 50 == 0 else token
+
+    def generate(self, prompt: Any = None, sampling_params: Any = None, input_ids: Any = None,
+                 return_logprob: bool = False, logprob_start_len: Any = None,
+                 top_logprobs_num: Any = None) -> list[dict[str, Any]]:  # fmt: skip
+        n = sampling_params.get("max_new_tokens", 128)
+        outs = []
+        for ids in input_ids:
+            gen = list(ids)
+            for _ in range(n):
+                gen.append(self._next(gen))
+            meta: dict[str, Any] = {}
+            if return_logprob:
+                assert logprob_start_len == 0
+                lp = -1.01 if self.nvfp4 else -1.0
+                meta["input_token_logprobs"] = [(None, ids[0], None)] + [
+                    (lp, t, None) for t in ids[1:]
+                ]
+                if top_logprobs_num:
+                    meta["input_top_logprobs"] = [None] + [
+                        [(-0.1, self._next(list(ids[:i])), None)] for i in range(1, len(ids))
+                    ]
+            outs.append({"output_ids": gen[len(ids) :], "meta_info": meta})
+        return outs
+
+    def flush_cache(self) -> bool:
+        return True
+
+    def get_server_info(self) -> dict[str, Any]:
+        weight = 0.06 if self.nvfp4 else 0.12
+        return {"internal_states": [{"memory_usage": {"weight": weight, "kvcache": 0.5}}]}
+
+    def shutdown(self) -> None:
+        pass
+
+
+def test_worker_case_against_a_stand_in_engine(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    names = ("sglang", "sglang.srt", "sglang.srt.entrypoints", "sglang.srt.entrypoints.engine")
+    for name in names:
+        monkeypatch.setitem(sys.modules, name, types.ModuleType(name))
+    sys.modules["sglang.srt.entrypoints.engine"].Engine = FakeEngine  # type: ignore[attr-defined]
+    log = tmp_path / "unit.log"
+    log.write_text("")
+    monkeypatch.setattr(FakeEngine, "log", log)
+    s = settings("--speed-batches", "1,8")
+    unit = next(u for u in e2e.plan_units(tmp_path, s, None)
+                if u.id == "case/dense/modelopt/bfloat16")  # fmt: skip
+    job = {"id": unit.id, "kind": unit.kind, "spec": unit.spec, "settings": s, "hash": "h",
+           "locks": str(tmp_path / "locks"), "result": str(tmp_path / "rec.json"),
+           "log": str(log), "tokens": e2e.token_sets(list(range(20000)), s)}  # fmt: skip
+    job_path = tmp_path / "job.json"
+    job_path.write_text(json.dumps(job))
+    assert e2e_engine.main([str(job_path)]) == 0
+    rec = json.loads((tmp_path / "rec.json").read_text())
+    assert rec["status"] == "done" and rec["data"]["reference"]["complete"]
+    case = e2e.assemble_case(rec)
+    assert case["ppl_rel_diff"] == pytest.approx(math.exp(0.01) - 1, rel=1e-4)
+    assert case["reference_top1_is_its_greedy"] == 1.0  # teacher forcing == its own greedy
+    assert 0.95 < case["top1_agreement"] < 1.0 and case["agreement_tokens"] == 8 * 128
+    assert case["marlin_log"] and case["tokens_scored"] == 4 * 511
+    rows = e2e.speed_rows(rec)
+    assert [(r["kind"], r["batch"]) for r in rows] == [("decode", 1), ("decode", 8),
+                                                       ("prefill", 1)]  # fmt: skip
+    assert e2e.memory_row(rec)["nvfp4_weight_gib"] == 0.06
+    # a rerun keeps the finished reference session (its greedy text) and redoes the rest
+    del rec["data"]["nvfp4"]
+    job["previous"] = rec["data"]
+    job_path.write_text(json.dumps(job))
+    assert e2e_engine.main([str(job_path)]) == 0
+    again = json.loads((tmp_path / "rec.json").read_text())
+    assert again["data"]["reference"] == rec["data"]["reference"]
+    assert e2e.assemble_case(again)["top1_agreement"] == case["top1_agreement"]
+    # a redone reference (new greedy text) means the NVFP4 session is redone too
+    job["previous"] = json.loads(json.dumps(again["data"]))
+    job["previous"]["reference"]["complete"] = False
+    job_path.write_text(json.dumps(job))
+    FakeEngine.started.clear()
+    assert e2e_engine.main([str(job_path)]) == 0
+    assert FakeEngine.started == ["reference-modelopt", "modelopt-nvfp4"]
+
+
+def _tree(root: Path, files: dict[str, str]) -> Path:
+    for rel, text in files.items():
+        path = root / rel
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(textwrap.dedent(text))
+    return root
+
+
+PIN_FILES = {
+    "sglang/__init__.py": "",
+    "sglang/srt/__init__.py": "",
+    "sglang/srt/layers/__init__.py": "",
+    "sglang/srt/layers/quantization/__init__.py": "",
+    "sglang/srt/layers/quantization/fp4_utils.py": """\
+        import enum
+        class Fp4GemmRunnerBackend(enum.Enum):
+            AUTO = "auto"
+        """,
+    "sglang/srt/entrypoints/__init__.py": "",
+    "sglang/srt/entrypoints/engine.py": """\
+        import sys
+        class Engine:
+            def __init__(self, **kwargs):
+                print("ValueError: The quantization method modelopt_fp4 is not supported for "
+                      "the current GPU. Minimum capability: 100. Current capability: 90.",
+                      file=sys.stderr, flush=True)
+                raise RuntimeError("Initialization failed. Please see the error messages above.")
+        """,
+}
+
+
+def test_negative_control_runs_the_bare_pin_in_a_child(tmp_path: Path) -> None:
+    pin = _tree(tmp_path / "pin", PIN_FILES)
+    job = {"id": "negative", "kind": "negative", "hash": "h", "locks": str(tmp_path / "locks"),
+           "result": str(tmp_path / "rec.json"), "log": str(tmp_path / "log"),
+           "spec": {"path": "/ckpt/dense/modelopt-nvfp4", "dtype": "bfloat16",
+                    "pin_tree": str(pin)},
+           "settings": settings("--attention-backend", "triton"),
+           "pin_env": e2e.pin_env(os.environ, str(pin), str(tmp_path / "cache"))}  # fmt: skip
+    rec = e2e_engine.Record(job)
+    e2e_engine.run_negative(job, rec)
+    d = rec.data
+    assert d["refused"] is True and d["bare"] is True and d["returncode"] == 3
+    assert "Minimum capability: 100" in d["message"]
+    assert d["sglang_file"].startswith(str(pin))
+    # a tree that starts the engine (and has MARLIN) is no refusal
+    patched = _tree(tmp_path / "patched", {
+        **PIN_FILES,
+        "sglang/srt/layers/quantization/fp4_utils.py": """\
+            import enum
+            class Fp4GemmRunnerBackend(enum.Enum):
+                MARLIN = "marlin"
+            """,
+        "sglang/srt/entrypoints/engine.py": """\
+            class Engine:
+                def __init__(self, **kwargs):
+                    pass
+                def shutdown(self):
+                    pass
+            """,
+    })  # fmt: skip
+    job["pin_env"] = e2e.pin_env(os.environ, str(patched), str(tmp_path / "cache"))
+    rec = e2e_engine.Record(job)
+    e2e_engine.run_negative(job, rec)
+    assert rec.data["refused"] is False and rec.data["bare"] is False
+
+
+SERVER = """\
+    import argparse, json, sys
+    from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+    p = argparse.ArgumentParser()
+    p.add_argument("--host"); p.add_argument("--port", type=int); p.add_argument("--model-path")
+    args, _ = p.parse_known_args()
+    print("Using CompressedTensorsW4A16Fp4 for W4A4 NVFP4: no FP4 tensor cores; serving it "
+          "weight-only through FP4 Marlin, activations are not quantized.", flush=True)
+    class H(BaseHTTPRequestHandler):
+        def _send(self, body):
+            data = json.dumps(body).encode()
+            self.send_response(200)
+            self.send_header("Content-Type", "application/json")
+            self.send_header("Content-Length", str(len(data)))
+            self.end_headers()
+            self.wfile.write(data)
+        def do_GET(self):
+            self._send({"object": "list", "data": [{"id": args.model_path, "object": "model",
+                        "created": 0, "owned_by": "sglang"}]})
+        def do_POST(self):
+            req = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
+            assert req["temperature"] == 0 and req["model"] == args.model_path
+            self._send({"id": "c", "object": "text_completion", "created": 0,
+                        "model": req["model"], "choices": [{"index": 0, "text": " x, y):",
+                        "finish_reason": "length", "logprobs": None}],
+                        "usage": {"prompt_tokens": 9, "completion_tokens": req["max_tokens"],
+                                  "total_tokens": 9 + req["max_tokens"]}})
+        def log_message(self, *a):
+            pass
+    ThreadingHTTPServer((args.host, args.port), H).serve_forever()
+    """
+
+
+def test_http_unit_against_a_stand_in_server(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    pytest.importorskip("openai")
+    tree = _tree(tmp_path / "srv", {"sglang/__init__.py": "", "sglang/launch_server.py": SERVER})
+    monkeypatch.setenv("PYTHONPATH", os.pathsep.join([str(tree), os.environ.get("PYTHONPATH",
+                                                                                 "")]))  # fmt: skip
+    log = tmp_path / "unit.log"
+    job = {"id": "http/marlin", "kind": "http", "hash": "h", "locks": str(tmp_path / "locks"),
+           "result": str(tmp_path / "rec.json"), "log": str(log),
+           "spec": {"path": "/ckpt/moe/modelopt-nvfp4", "dtype": "bfloat16",
+                    "backend": "marlin"},
+           "settings": settings("--http-max-tokens", "8")}  # fmt: skip
+    rec = e2e_engine.Record(job)
+    e2e_engine.run_http(job, rec)
+    d = rec.data
+    assert d["ok"] is True and d["response"]["text"] == " x, y):"
+    assert d["request"] == {
+        "endpoint": "/v1/completions", "model": "/ckpt/moe/modelopt-nvfp4",
+        "prompt": e2e.HTTP_PROMPT, "max_tokens": 8, "temperature": 0,
+    }  # fmt: skip
+    assert "--fp4-gemm-backend marlin" in d["command"] and d["fp4_gemm_backend"] == "marlin"
+    assert d["marlin_log"] and d["server_exit"] is not None  # stopped, its output in the log
+    pids = json.loads((tmp_path / "rec.pids").read_text())["groups"]
+    with pytest.raises(ProcessLookupError):
+        os.killpg(pids[0], 0)
+
+
+# --------------------------------------------------------------------------- the pin's API
+
+
+def _sglang_source() -> Path:
+    tree = e2e.sglang_tree()
+    if tree is None or not (tree / "sglang" / "srt" / "server_args.py").is_file():
+        pytest.skip("no SGLang tree on PYTHONPATH (CI puts the patched pin there)")
+    return tree / "sglang"
+
+
+def _class(path: Path, name: str) -> ast.ClassDef:
+    tree = ast.parse(path.read_text())
+    return next(n for n in ast.walk(tree) if isinstance(n, ast.ClassDef) and n.name == name)
+
+
+def test_engine_and_server_names_are_the_pins() -> None:
+    src = _sglang_source()
+    fields = {n.target.id for n in _class(src / "srt" / "server_args.py", "ServerArgs").body
+              if isinstance(n, ast.AnnAssign) and isinstance(n.target, ast.Name)}  # fmt: skip
+    s = settings("--cuda-graph-max-bs", "32", "--mem-fraction-static", "0.5",
+                 "--disable-piecewise-cuda-graph", "--attention-backend", "triton")  # fmt: skip
+    assert set(e2e.engine_kwargs(s, "/m", "bfloat16")) <= fields
+    text = (src / "srt" / "server_args.py").read_text()
+    for flag in [a for a in e2e.server_command(s, "/m", "bfloat16", 1, "marlin") if a[:2] == "--"]:
+        assert f'"{flag}"' in text, flag
+    engine = _class(src / "srt" / "entrypoints" / "engine.py", "Engine")
+    methods = {n.name: n for n in engine.body if isinstance(n, ast.FunctionDef)}
+    assert {"generate", "flush_cache", "get_server_info", "shutdown"} <= set(methods)
+    params = {a.arg for a in methods["generate"].args.args}
+    assert {"input_ids", "sampling_params", "return_logprob", "logprob_start_len",
+            "top_logprobs_num"} <= params  # fmt: skip
+    tm = (src / "srt" / "managers" / "tokenizer_manager.py").read_text()
+    for key in ('"input_token_logprobs"', '"input_top_logprobs"', '"output_ids"'):
+        assert key in tm
+    assert 'ret["memory_usage"]' in (src / "srt" / "managers" / "scheduler.py").read_text()
+    assert "Minimum capability" in (src / "srt" / "model_loader" / "loader.py").read_text()
+    assert (src / "launch_server.py").is_file()
+
+
+def test_marlin_log_patterns_are_the_series_messages() -> None:
+    src = _sglang_source()
+    fp4 = (src / "srt" / "layers" / "quantization" / "fp4_utils.py").read_text()
+    if "should_use_fp4_marlin" not in fp4:
+        pytest.skip("the SGLang tree on PYTHONPATH is not the patched pin")
+    text = "\n".join(p.read_text() for p in (src / "srt" / "layers" / "quantization").rglob("*.py"))
+    for pattern in e2e.MARLIN_PATTERNS:
+        assert pattern in text, pattern
