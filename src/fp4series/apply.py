@@ -17,6 +17,9 @@ Public API (stable):
         check), base mismatch, a patch whose result differs from its blob ids.
         Returns a report; report.ok is False when a patch failed (then nothing changed);
         report.kept is set when the checkout moved on meanwhile (nothing changed either).
+        Raises checkout.Interrupted (a KeyboardInterrupt) when SIGINT/SIGTERM/SIGHUP came while
+        the checkout was being moved: it was put back (or, once the branch had moved, finished)
+        first, and .state says which.
     ApplyReport: checkout, base, results, changed, check, head_before, head_after, ok, kept,
                  base_note, notes, format()
     PatchResult: name, status, commit, detail, fits (hunks.HunkFit of a failed patch)
@@ -31,7 +34,7 @@ from __future__ import annotations
 import argparse
 import signal
 from collections.abc import Iterator
-from contextlib import contextmanager
+from contextlib import contextmanager, suppress
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -50,11 +53,11 @@ from fp4series.series import ZERO_ID, Patch, load_series
 from fp4series.verify import Base, find_base
 
 AM_ARGS = ("--3way", "--keep-cr", "--keep-non-patch", "--quiet")
-RESULT_REF_PREFIX = "refs/fp4series/applied/"
+RESULT_REF_PREFIX = co.RESULT_REF_PREFIX
 
 
 def result_ref(branch: str) -> str:
-    return RESULT_REF_PREFIX + branch.removeprefix("refs/heads/")
+    return co.result_ref(branch)
 
 
 @dataclass
@@ -244,8 +247,11 @@ def apply_series(
         notes = [killed_before] if killed_before else []
         leftovers = co.remove_leftover_worktrees(repo)
         notes += [f"removed {p}, left by a killed apply" for p in leftovers]
-        recovered, moved = co.recover(repo) or ("", False)
+        with co.signals_held() as got:  # a rollback is never left halfway
+            recovered, moved = co.recover(repo) or ("", False)
         notes += [recovered] if recovered else []
+        if got:
+            raise co.Interrupted(recovered or "the checkout is as it was")
         for note in notes:
             progress.info(note)
         if moved and gitops.is_dirty(repo):  # finished; the user's edits since then stay
@@ -264,24 +270,36 @@ def apply_series(
         assert branch is not None
         co.pause("applied")
         ref = result_ref(branch)
-        repo.git.update_ref("-m", "fp4series apply: result", ref, report.head_after)
-        with progress.step(f"move {branch.removeprefix('refs/heads/')} to the result"):
+        short = branch.removeprefix("refs/heads/")
+        with progress.step(f"move {short} to the result"), co.signals_held() as got:
+            repo.git.update_ref("-m", "fp4series apply: result", ref, report.head_after)
             try:
                 why = co.install(repo, branch, head, report.head_after)
             except BaseException as exc:
                 tip = co.branch_tip(repo, branch)
-                if tip == head:  # not moved: nothing of ours stays
-                    repo.git.update_ref("-d", ref, report.head_after)
-                if tip != report.head_after or co.pending(repo):
+                settled = not co.pending(repo)
+                if settled and tip in (head, report.head_after):
+                    _drop_ref(repo, ref, report.head_after)  # undone or done: nothing of ours stays
+                if isinstance(exc, KeyboardInterrupt) or not settled or tip != report.head_after:
                     raise
-                why = None  # the branch had moved and install's recovery finished the rest
+                why = None  # the branch had moved and install finished the rest
                 report.notes.append(f"finished the move after: {exc!r}")
-        if why:
-            report.kept = (ref, why)
-            return report
-        repo.git.update_ref("-d", ref, report.head_after)
-        report.changed = True
+            if why:
+                report.kept = (ref, why)
+            else:
+                _drop_ref(repo, ref, report.head_after)
+                report.changed = True
+            if got:  # came after install had settled the checkout
+                done = f"apply had finished: the series is fully applied ({report.head_after[:12]})"
+                raise co.Interrupted(
+                    f"nothing was changed, and the series is on {ref}" if why else done
+                )
         return report
+
+
+def _drop_ref(repo: Repo, ref: str, value: str) -> None:
+    with suppress(git.GitCommandError):  # already gone, or a full disk: only our own ref stays
+        repo.git.update_ref("-d", ref, value)
 
 
 def _build(
@@ -365,12 +383,12 @@ def _cmd_apply(args: argparse.Namespace) -> int:
         error = as_series_error(exc)
         assert error is not None
         raise SeriesError(f"{error}; the checkout was not changed", hint=error.hint) from None
-    except KeyboardInterrupt:
+    except KeyboardInterrupt as exc:  # Interrupted: the move was settled first, and says how
+        state = exc.state if isinstance(exc, co.Interrupted) else "the checkout is as it was"
+        again = f"run scripts/apply.sh{_line_flag(line)} {args.checkout} again to apply the series"
         error = SeriesError(
-            "apply was interrupted; the checkout is as it was (or, if it was already moving the "
-            "branch, fully applied)",
-            hint=f"run scripts/apply.sh{_line_flag(line)} {args.checkout} again: it finishes or "
-            "says what is left",
+            f"apply was interrupted; {state}",
+            hint="nothing is left to do" if "fully applied" in state else again,
         )
         error.exit_code = 130
         raise error from None
