@@ -399,23 +399,60 @@ def _cmd_apply(args: argparse.Namespace) -> int:
         raise SeriesError(
             f"the checkout changed while apply ran; your work is as you left it and the series "
             f"is on {ref}",
-            hint=f"to take it: commit or stash your changes, then "
-            f"git -C {where} merge --ff-only {ref} (or rerun scripts/apply.sh{_line_flag(line)} "
-            f"{where})",
+            hint=_take_hint(where, ref, report.head_before, line),
         )
     if not report.ok:
         failed = next(r for r in report.results if r.status == "failed")
-        names = [r.name for r in report.results if r.status != "already-applied"]
-        upto = [str((args.patches / n).resolve()) for n in names[: names.index(failed.name) + 1]]
+        todo = [r.name for r in report.results if r.status != "already-applied"]
+        rest = " ".join(str((args.patches / n).resolve()) for n in todo)
         am = " ".join(a for a in AM_ARGS if a != "--quiet")
         raise SeriesError(
             f"{failed.name} does not apply to {where}; nothing was changed",
-            hint=f"rebase the patch: git -C {where} am {am} {' '.join(upto)} (these flags keep "
-            "each subject and message, so apply and export still recognise the commits), "
-            f"resolve, git -C {where} am --continue, then regenerate {_shown(args.patches)}/ "
-            f"with scripts/export.sh{_line_flag(line)} {where}",
+            hint=f"rebase the series: git -C {where} am {am} {rest} (every patch not applied "
+            "yet, to the end of the series; these flags keep each subject and message, so apply "
+            "and export still recognise the commits). git am stops at each patch that does not "
+            f"apply: resolve it, git add the files, git -C {where} am --continue, and repeat "
+            f"until git am has applied them all ({len(todo)}). Only then regenerate "
+            f"{_shown(args.patches)}/ with scripts/export.sh{_line_flag(line)} {where} "
+            "(exporting earlier drops the patches not applied yet)",
         )
     return 0
+
+
+def _take_hint(where: Path, ref: str, started_at: str, line: Line) -> str:
+    """How to take the series kept on REF, for what the user did while apply ran."""
+    repo = gitops.open_repo(where)
+    short = ref.removeprefix(RESULT_REF_PREFIX)
+    branch = f"refs/heads/{short}"
+    rerun = f"scripts/apply.sh{_line_flag(line)} {where}"
+    status = gitops.status_lines(repo)
+    untracked = any(s.startswith("??") for s in status)
+    stash = f"git -C {where} stash push" + (" --include-untracked" if untracked else "")
+    first = f"commit or stash your changes ({stash}), then " if status else ""
+    try:
+        on = repo.git.symbolic_ref("-q", "HEAD")
+    except git.GitCommandError:
+        on = None
+    if on != branch:
+        return (
+            f"you left {short} while apply ran: {first}switch back (git -C {where} switch "
+            f"{short}) and rerun {rerun}"
+        )
+    tip = co.branch_tip(repo, branch)
+    if tip != started_at:
+        return (
+            f"{short} moved while apply ran (to {str(tip)[:12]} from {started_at[:12]}: a commit "
+            f"of yours?), so {ref} cannot be fast-forwarded onto it: {first}rerun {rerun}, which "
+            f"puts the series on top of {short} as it is now"
+        )
+    merge = f"git -C {where} merge --ff-only {ref}"
+    if not status:
+        return f"to take it: {merge}"
+    return (
+        f"to take it and keep your changes: {stash} && {merge} && git -C {where} stash pop "
+        f"(if pop reports a conflict, your changes stay in the stash: git -C {where} stash show "
+        f"-p; resolve, then git -C {where} stash drop)"
+    )
 
 
 def _line_flag(line: Line) -> str:

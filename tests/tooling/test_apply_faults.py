@@ -187,6 +187,7 @@ def test_user_edit_of_a_series_file_at_each_point_is_kept(
         assert "changed while apply ran" in out and "refs/fp4series/applied/work" in out
         assert series_on_top(co, "refs/fp4series/applied/work")
         assert "not uptodate" in out or "would overwrite" in out
+        assert "stash push && " in out and "merge --ff-only refs/fp4series/applied/work" in out
         assert git(co, "status", "--porcelain") == f" M {A_PY}\n"
     else:  # after: the series is in, the user's edit sits on top of it
         assert rc == 0, out
@@ -194,6 +195,27 @@ def test_user_edit_of_a_series_file_at_each_point_is_kept(
         assert "value_10 = 100\n" in (co / A_PY).read_text()
         assert git(co, "status", "--porcelain") == f" M {A_PY}\n"
     assert_no_debris(co)
+
+
+@pytest.mark.parametrize("untracked", [False, True])
+def test_hint_after_an_edit_meanwhile_takes_the_series_and_keeps_the_edit(
+    env: Env, tmp_path: Path, untracked: bool
+) -> None:
+    co = env.clone("co")
+    paused = Paused(env, co, "applied", tmp_path)
+    edit(co, A_PY, "value_20 = 20\n", "value_20 = 2000\n")
+    if untracked:
+        (co / "notes.txt").write_text("mine\n")
+    rc, out = paused.release()
+    assert rc == 1, out
+    hint = out.split("keep your changes: ", 1)[1].split(" (if pop", 1)[0]
+    assert ("--include-untracked" in hint) == untracked
+    subprocess.run(["bash", "-c", hint], check=True, capture_output=True)  # followed word for word
+    assert series_on_top(co)
+    text = (co / A_PY).read_text()
+    assert "value_20 = 2000\n" in text and "value_10 = 100\n" in text
+    assert git(co, "stash", "list") == ""
+    assert not untracked or (co / "notes.txt").read_text() == "mine\n"
 
 
 @pytest.mark.parametrize("point", POINTS)
@@ -249,6 +271,11 @@ def test_commit_at_each_point_is_kept(env: Env, tmp_path: Path, point: str) -> N
         assert git(co, "rev-parse", "HEAD").strip() == mine != old
         assert "refs/fp4series/applied/work" in out
         assert git(co, "status", "--porcelain") == ""
+        assert f"rerun scripts/apply.sh {co}, which puts the series on top" in out
+        assert "merge --ff-only" not in out  # it cannot fast-forward over the user's commit
+        again = run(env, co)  # the hint, followed
+        assert again.returncode == 0, again.stdout + again.stderr
+        assert series_on_top(co) and git(co, "log", "-1", "--format=%s", "HEAD~2") == "my note\n"
     else:  # apply held the index: git refused the commit, apply finished, the file is there
         assert not committed
         assert rc == 0, out
@@ -633,6 +660,29 @@ def test_failure_hint_keeps_the_series_recognisable(
     assert "am --3way --keep-cr --keep-non-patch" in out and "am -3 " not in out
     assert "0001-change-value-ten.patch: would-apply\n" in out and " -> " not in out
     assert "+ 1 commit(s) of yours on top of it" in out and "python/sglang/srt/b.py" in out
+
+
+def test_failure_hint_lists_every_patch_left_and_following_it_applies_them_all(
+    env: Env, capsys: pytest.CaptureFixture
+) -> None:
+    co = env.clone("co")
+    edit(co, A_PY, "value_10 = 10\n", "value_10 = 11\n")  # conflicts with the first patch
+    git(co, "commit", "-qam", "conflicting change")
+    rc, out = cli_apply(env, co, capsys)
+    assert rc == 1 and "0001-change-value-ten.patch does not apply" in out
+    names = ["0001-change-value-ten.patch", "0002-return-two-and-add-new-module.patch"]
+    am = [*f"git -C {co} am --3way --keep-cr --keep-non-patch".split()]
+    am += [str((env.patches / n).resolve()) for n in names]
+    assert " ".join(am) + " (every patch not applied yet, to the end of the series" in out
+    assert "until git am has applied them all (2). Only then regenerate" in out
+    assert "exporting earlier drops the patches not applied yet" in out
+    first = subprocess.run(am, capture_output=True, text=True, check=False)  # the hint, followed
+    assert first.returncode != 0  # stopped at 0001, as the hint says
+    git(co, "checkout", "--theirs", "--", A_PY)  # resolved (the series' side)
+    git(co, "add", A_PY)
+    git(co, "am", "--continue")  # and the rest of the series follows
+    assert series_on_top(co)
+    assert git(co, "log", "-1", "--format=%s", "HEAD~2") == "conflicting change\n"
 
 
 @pytest.mark.parametrize(
