@@ -17,6 +17,9 @@ Public API (stable):
         check), base mismatch, a patch whose result differs from its blob ids.
         Returns a report; report.ok is False when a patch failed (then nothing changed);
         report.kept is set when the checkout moved on meanwhile (nothing changed either).
+        Raises checkout.Interrupted (a KeyboardInterrupt) when SIGINT/SIGTERM/SIGHUP came while
+        the checkout was being moved: it was put back (or, once the branch had moved, finished)
+        first, and .state says which.
     ApplyReport: checkout, base, results, changed, check, head_before, head_after, ok, kept,
                  base_note, notes, format()
     PatchResult: name, status, commit, detail, fits (hunks.HunkFit of a failed patch)
@@ -31,7 +34,7 @@ from __future__ import annotations
 import argparse
 import signal
 from collections.abc import Iterator
-from contextlib import contextmanager
+from contextlib import contextmanager, suppress
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -50,11 +53,11 @@ from fp4series.series import ZERO_ID, Patch, load_series
 from fp4series.verify import Base, find_base
 
 AM_ARGS = ("--3way", "--keep-cr", "--keep-non-patch", "--quiet")
-RESULT_REF_PREFIX = "refs/fp4series/applied/"
+RESULT_REF_PREFIX = co.RESULT_REF_PREFIX
 
 
 def result_ref(branch: str) -> str:
-    return RESULT_REF_PREFIX + branch.removeprefix("refs/heads/")
+    return co.result_ref(branch)
 
 
 @dataclass
@@ -244,8 +247,11 @@ def apply_series(
         notes = [killed_before] if killed_before else []
         leftovers = co.remove_leftover_worktrees(repo)
         notes += [f"removed {p}, left by a killed apply" for p in leftovers]
-        recovered, moved = co.recover(repo) or ("", False)
+        with co.signals_held() as got:  # a rollback is never left halfway
+            recovered, moved = co.recover(repo) or ("", False)
         notes += [recovered] if recovered else []
+        if got:
+            raise co.Interrupted(recovered or "the checkout is as it was")
         for note in notes:
             progress.info(note)
         if moved and gitops.is_dirty(repo):  # finished; the user's edits since then stay
@@ -264,24 +270,36 @@ def apply_series(
         assert branch is not None
         co.pause("applied")
         ref = result_ref(branch)
-        repo.git.update_ref("-m", "fp4series apply: result", ref, report.head_after)
-        with progress.step(f"move {branch.removeprefix('refs/heads/')} to the result"):
+        short = branch.removeprefix("refs/heads/")
+        with progress.step(f"move {short} to the result"), co.signals_held() as got:
+            repo.git.update_ref("-m", "fp4series apply: result", ref, report.head_after)
             try:
                 why = co.install(repo, branch, head, report.head_after)
             except BaseException as exc:
                 tip = co.branch_tip(repo, branch)
-                if tip == head:  # not moved: nothing of ours stays
-                    repo.git.update_ref("-d", ref, report.head_after)
-                if tip != report.head_after or co.pending(repo):
+                settled = not co.pending(repo)
+                if settled and tip in (head, report.head_after):
+                    _drop_ref(repo, ref, report.head_after)  # undone or done: nothing of ours stays
+                if isinstance(exc, KeyboardInterrupt) or not settled or tip != report.head_after:
                     raise
-                why = None  # the branch had moved and install's recovery finished the rest
+                why = None  # the branch had moved and install finished the rest
                 report.notes.append(f"finished the move after: {exc!r}")
-        if why:
-            report.kept = (ref, why)
-            return report
-        repo.git.update_ref("-d", ref, report.head_after)
-        report.changed = True
+            if why:
+                report.kept = (ref, why)
+            else:
+                _drop_ref(repo, ref, report.head_after)
+                report.changed = True
+            if got:  # came after install had settled the checkout
+                done = f"apply had finished: the series is fully applied ({report.head_after[:12]})"
+                raise co.Interrupted(
+                    f"nothing was changed, and the series is on {ref}" if why else done
+                )
         return report
+
+
+def _drop_ref(repo: Repo, ref: str, value: str) -> None:
+    with suppress(git.GitCommandError):  # already gone, or a full disk: only our own ref stays
+        repo.git.update_ref("-d", ref, value)
 
 
 def _build(
@@ -365,12 +383,12 @@ def _cmd_apply(args: argparse.Namespace) -> int:
         error = as_series_error(exc)
         assert error is not None
         raise SeriesError(f"{error}; the checkout was not changed", hint=error.hint) from None
-    except KeyboardInterrupt:
+    except KeyboardInterrupt as exc:  # Interrupted: the move was settled first, and says how
+        state = exc.state if isinstance(exc, co.Interrupted) else "the checkout is as it was"
+        again = f"run scripts/apply.sh{_line_flag(line)} {args.checkout} again to apply the series"
         error = SeriesError(
-            "apply was interrupted; the checkout is as it was (or, if it was already moving the "
-            "branch, fully applied)",
-            hint=f"run scripts/apply.sh{_line_flag(line)} {args.checkout} again: it finishes or "
-            "says what is left",
+            f"apply was interrupted; {state}",
+            hint="nothing is left to do" if "fully applied" in state else again,
         )
         error.exit_code = 130
         raise error from None
@@ -381,23 +399,60 @@ def _cmd_apply(args: argparse.Namespace) -> int:
         raise SeriesError(
             f"the checkout changed while apply ran; your work is as you left it and the series "
             f"is on {ref}",
-            hint=f"to take it: commit or stash your changes, then "
-            f"git -C {where} merge --ff-only {ref} (or rerun scripts/apply.sh{_line_flag(line)} "
-            f"{where})",
+            hint=_take_hint(where, ref, report.head_before, line),
         )
     if not report.ok:
         failed = next(r for r in report.results if r.status == "failed")
-        names = [r.name for r in report.results if r.status != "already-applied"]
-        upto = [str((args.patches / n).resolve()) for n in names[: names.index(failed.name) + 1]]
+        todo = [r.name for r in report.results if r.status != "already-applied"]
+        rest = " ".join(str((args.patches / n).resolve()) for n in todo)
         am = " ".join(a for a in AM_ARGS if a != "--quiet")
         raise SeriesError(
             f"{failed.name} does not apply to {where}; nothing was changed",
-            hint=f"rebase the patch: git -C {where} am {am} {' '.join(upto)} (these flags keep "
-            "each subject and message, so apply and export still recognise the commits), "
-            f"resolve, git -C {where} am --continue, then regenerate {_shown(args.patches)}/ "
-            f"with scripts/export.sh{_line_flag(line)} {where}",
+            hint=f"rebase the series: git -C {where} am {am} {rest} (every patch not applied "
+            "yet, to the end of the series; these flags keep each subject and message, so apply "
+            "and export still recognise the commits). git am stops at each patch that does not "
+            f"apply: resolve it, git add the files, git -C {where} am --continue, and repeat "
+            f"until git am has applied them all ({len(todo)}). Only then regenerate "
+            f"{_shown(args.patches)}/ with scripts/export.sh{_line_flag(line)} {where} "
+            "(exporting earlier drops the patches not applied yet)",
         )
     return 0
+
+
+def _take_hint(where: Path, ref: str, started_at: str, line: Line) -> str:
+    """How to take the series kept on REF, for what the user did while apply ran."""
+    repo = gitops.open_repo(where)
+    short = ref.removeprefix(RESULT_REF_PREFIX)
+    branch = f"refs/heads/{short}"
+    rerun = f"scripts/apply.sh{_line_flag(line)} {where}"
+    status = gitops.status_lines(repo)
+    untracked = any(s.startswith("??") for s in status)
+    stash = f"git -C {where} stash push" + (" --include-untracked" if untracked else "")
+    first = f"commit or stash your changes ({stash}), then " if status else ""
+    try:
+        on = repo.git.symbolic_ref("-q", "HEAD")
+    except git.GitCommandError:
+        on = None
+    if on != branch:
+        return (
+            f"you left {short} while apply ran: {first}switch back (git -C {where} switch "
+            f"{short}) and rerun {rerun}"
+        )
+    tip = co.branch_tip(repo, branch)
+    if tip != started_at:
+        return (
+            f"{short} moved while apply ran (to {str(tip)[:12]} from {started_at[:12]}: a commit "
+            f"of yours?), so {ref} cannot be fast-forwarded onto it: {first}rerun {rerun}, which "
+            f"puts the series on top of {short} as it is now"
+        )
+    merge = f"git -C {where} merge --ff-only {ref}"
+    if not status:
+        return f"to take it: {merge}"
+    return (
+        f"to take it and keep your changes: {stash} && {merge} && git -C {where} stash pop "
+        f"(if pop reports a conflict, your changes stay in the stash: git -C {where} stash show "
+        f"-p; resolve, then git -C {where} stash drop)"
+    )
 
 
 def _line_flag(line: Line) -> str:

@@ -1,68 +1,111 @@
 """How apply changes a user's checkout without ever losing what the user has there.
 
 apply.py decides *what* goes in (the series, verified, as commits built in a scratch worktree).
-This module owns the three mechanics that must hold under races and a kill at any instant, so
-they can be read and tested on their own:
+This module owns the mechanics that must hold under races, a full disk and a kill at any
+instant, so they can be read and tested on their own:
 
 apply_lock -- one apply per checkout. ``flock`` on ``<git-dir>/fp4series-apply.lock``: the
-    kernel drops it when the holder dies, so a killed run never leaves it stuck. The file names
-    the holder (pid, host, time) for the refusal message and is removed on a clean exit; one
-    found by the next holder means the previous run was killed, which is reported.
+    kernel drops it when the holder dies, so a killed run never leaves it stuck. The git commands
+    that write the work tree inherit it, so it is held until they have exited too: holding it
+    proves that nothing of ours still writes the checkout. The file names the holder (pid, host,
+    time) for the refusal message and is removed on a clean exit; one found by the next holder
+    means the previous run was killed, which is reported.
 
 install(repo, branch, old, new) -- move the checkout from commit OLD to NEW, or change nothing:
     1. take ``<git-dir>/index.lock`` ourselves (marked as ours): git commands that write the
        index (commit, add, checkout, switch, reset, stash) are refused while we finish;
     2. HEAD must still be BRANCH and BRANCH still OLD, else stop (nothing changed);
-    3. ``git read-tree -m -u OLD NEW`` into a private copy of the index: the two-tree merge
-       writes NEW's files and refuses (writing nothing) when a local edit or an untracked file
-       would be overwritten; edits to other files are carried over;
-    4. ``git update-ref BRANCH NEW OLD``: a compare-and-swap, so a branch moved meanwhile is
-       never overwritten (the work tree is then merged back to OLD);
-    5. install the private index and drop index.lock.
-    The branch moves only after the work tree holds NEW, so a kill before step 4 is undone by
-    putting OLD's files back, a kill after it is finished by installing the index. A state
-    file (``<git-dir>/fp4series-apply.json``: branch, old, new, step) is written before each
-    step so that ``recover`` knows which of the two it is.
+    3. every path that differs between OLD and NEW must still hold OLD's content (no edit, no
+       staged change, no untracked file where NEW adds one), else stop (nothing changed);
+    4. record step "worktree", then ``git read-tree -m -u OLD NEW`` into a private copy of the
+       index (``<git-dir>/fp4series-index``): it writes NEW's files on exactly those paths;
+    5. ``git update-ref BRANCH NEW OLD``: a compare-and-swap, so a branch moved meanwhile is
+       never overwritten (the work tree is then put back to OLD);
+    6. install the private index and drop index.lock.
+    The state file (``<git-dir>/fp4series-apply.json``: branch, old, new, step) is written before
+    each step and removed first when the checkout is settled, so that ``recover`` knows what a
+    killed run left. When read-tree fails (full disk) or is killed, it may have written some of
+    those paths in part: the rollback puts OLD's content back on each path that holds NEW's
+    content, a piece of it (what git leaves when a write fails) or nothing, and never touches a
+    path holding anything else (a change of the user's, left as it is and named). When even
+    the rollback cannot be written, the state file and index.lock stay and the message says the
+    checkout is mid-move, which files, and that a rerun finishes the rollback.
+    SIGINT/SIGTERM/SIGHUP arriving while install runs are held (``signals_held``): install stops
+    at its next safe point, having put the checkout back (or, once the branch has moved,
+    finished), and raises ``Interrupted``, which says which.
 
 recover(repo) -- run by every apply (under the lock) before it looks at the checkout: finishes
-    or rolls back an install that was killed, removes an index.lock left by us, and says what it
-    did. It refuses, naming the files, when the checkout changed in a way it cannot prove safe.
+    or rolls back an install that was killed, removes an index.lock, private index or its lock
+    left by one, drops the killed run's refs/fp4series/applied/<branch>, and says what it did.
+    It refuses, naming the files, when the checkout changed in a way it cannot prove safe.
 
 remove_leftover_worktrees(repo) -- scratch worktrees of killed applies (their owner pid is dead)
     are removed, ``git worktree prune`` is run, and dead applies' scratch directories in the
     temporary directory are removed too.
 
-pause(point) -- test hook: with FP4SERIES_PAUSE_AT=<point>[,<point>] and FP4SERIES_PAUSE_DIR=D,
-    apply writes D/<point>.reached (its pid) and waits until D/<point>.release exists.
-    Points: scratch (patches in, scratch worktree still there), applied (result ready, checkout
-    untouched), index-locked, worktree-updated, ref-moved (install's steps 1, 3, 4 done).
+Test hooks (no-ops unless set):
+    pause(point) -- with FP4SERIES_PAUSE_AT=<point>[,<point>] and FP4SERIES_PAUSE_DIR=D, apply
+        writes D/<point>.reached (its pid) and waits until D/<point>.release exists.
+        Points: scratch (patches in, scratch worktree still there), applied (result ready,
+        checkout untouched), index-locked (install's step 1 done), before-read-tree (step 3
+        done, "worktree" recorded, read-tree next), worktree-updated, ref-moved (steps 4, 5).
+    FP4SERIES_FAULT_GIT=PROG -- the git commands that write the work tree (read-tree and the
+        rollback's checkout-index) run as ``PROG git ARGS...``, so a test can make them write
+        part of their files and then fail or be killed.
 """
 
 from __future__ import annotations
 
 import fcntl
+import hashlib
 import json
 import os
 import shutil
+import signal
 import socket
+import subprocess
 import tempfile
+import threading
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager, suppress
+from dataclasses import dataclass
 from pathlib import Path
 
 import git
 from git import Repo
 
 from fp4series import gitops
-from fp4series.errors import SeriesError
+from fp4series.errors import SeriesError, as_series_error, machine_hint
 
 LOCK_NAME = "fp4series-apply.lock"
 STATE_NAME = "fp4series-apply.json"
 PRIVATE_INDEX = "fp4series-index"
 INDEX_LOCK_MARK = b"fp4series apply"
 WORKTREE_PREFIX = "fp4series-apply-"
-PAUSE_POINTS = ("scratch", "applied", "index-locked", "worktree-updated", "ref-moved")
+RESULT_REF_PREFIX = "refs/fp4series/applied/"
+FAULT_GIT_ENV = "FP4SERIES_FAULT_GIT"
+PAUSE_POINTS = (
+    "scratch",
+    "applied",
+    "index-locked",
+    "before-read-tree",
+    "worktree-updated",
+    "ref-moved",
+)
+# What git's two-tree merge prints when it refuses, before it writes anything (LC_ALL=C).
+_REFUSALS = (
+    "Cannot merge.",
+    "would be overwritten by merge",
+    "would be removed by merge",
+    "would lose untracked files",
+    "Refusing to remove",
+)
+
+
+def result_ref(branch: str) -> str:
+    """Where apply leaves its result for BRANCH when it cannot move the checkout."""
+    return RESULT_REF_PREFIX + branch.removeprefix("refs/heads/")
 
 
 def pause(point: str) -> None:
@@ -89,6 +132,8 @@ def pid_alive(pid: int) -> bool:
 
 # ---------------------------------------------------------------------------------------- lock
 
+_LOCK_FDS: dict[str, int] = {}  # git dir -> the flocked fd this process holds for it
+
 
 @contextmanager
 def apply_lock(repo: Repo) -> Iterator[str | None]:
@@ -109,11 +154,17 @@ def apply_lock(repo: Repo) -> Iterator[str | None]:
         me = {"pid": os.getpid(), "host": socket.gethostname(), "time": time.strftime("%FT%T%z")}
         os.ftruncate(fd, 0)
         os.pwrite(fd, (json.dumps(me) + "\n").encode(), 0)
+        _LOCK_FDS[_key(repo)] = fd
         yield note
     finally:
+        _LOCK_FDS.pop(_key(repo), None)
         with suppress(FileNotFoundError):
             path.unlink()  # still ours: unlinked before the flock is dropped
-        os.close(fd)  # closing drops the flock
+        os.close(fd)  # closing drops the flock (once the git commands we started have exited)
+
+
+def _key(repo: Repo) -> str:
+    return os.path.realpath(repo.git_dir)
 
 
 def _open_locked(path: Path, repo: Repo) -> int:
@@ -125,9 +176,19 @@ def _open_locked(path: Path, repo: Repo) -> int:
         except BlockingIOError:
             holder = _read_holder(fd)
             os.close(fd)
+            pid = holder.get("pid", "?")
+            here = holder.get("host") == socket.gethostname()
+            if isinstance(pid, int) and here and not pid_alive(pid):  # its git child still runs
+                raise SeriesError(
+                    f"an apply on {repo.working_tree_dir} (pid {pid}) was killed, but a git "
+                    "command it started is still writing the checkout and holds its lock; "
+                    "nothing was changed",
+                    hint="wait a moment for that git command to exit, then run apply "
+                    "again: it finishes or rolls back what the killed apply left",
+                ) from None
             raise SeriesError(
                 f"another apply is running on {repo.working_tree_dir} "
-                f"(pid {holder.get('pid', '?')} on {holder.get('host', '?')}, "
+                f"(pid {pid} on {holder.get('host', '?')}, "
                 f"started {holder.get('time', '?')}); nothing was changed",
                 hint=f"wait for it to finish, or stop it (kill {holder.get('pid', 'PID')}); "
                 "the lock is released when that process exits",
@@ -150,6 +211,53 @@ def _read_holder(fd: int) -> dict[str, object]:
     return data if isinstance(data, dict) else {}
 
 
+# ------------------------------------------------------------------------------------ signals
+
+
+class Interrupted(KeyboardInterrupt):
+    """A signal came while the checkout was being moved; it was settled first. STATE says, in
+    words, what the checkout is now."""
+
+    def __init__(self, state: str) -> None:
+        super().__init__(state)
+        self.state = state
+
+
+_HELD: list[list[int]] = []  # the signals recorded by the signals_held block in force, if any
+
+
+@contextmanager
+def signals_held() -> Iterator[list[int]]:
+    """Record SIGINT/SIGTERM/SIGHUP instead of acting on them; yields the list they go to.
+
+    While the checkout is written, a signal must neither abandon a git child mid-write nor stop
+    a rollback halfway: the code in the block looks at the list at its safe points. Re-entrant
+    (an inner block shares the outer list); signals the process ignores stay ignored; a no-op
+    off the main thread (signal handlers can only be set there)."""
+    if _HELD:
+        yield _HELD[-1]
+        return
+    got: list[int] = []
+    if threading.current_thread() is not threading.main_thread():
+        yield got
+        return
+
+    def record(signum: int, _frame: object) -> None:
+        got.append(signum)
+
+    previous = {}
+    for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
+        if signal.getsignal(sig) not in (signal.SIG_IGN, None):  # None: set outside Python
+            previous[sig] = signal.signal(sig, record)
+    _HELD.append(got)
+    try:
+        yield got
+    finally:
+        _HELD.pop()
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
+
+
 # ------------------------------------------------------------------------------ state, index lock
 
 
@@ -160,8 +268,12 @@ def _state_path(repo: Repo) -> Path:
 def _write_state(repo: Repo, **state: str) -> None:
     path = _state_path(repo)
     tmp = path.with_suffix(".tmp")
-    tmp.write_text(json.dumps(state) + "\n")
-    os.replace(tmp, path)
+    try:
+        tmp.write_text(json.dumps(state) + "\n")
+        os.replace(tmp, path)
+    except BaseException:  # a full disk: the previous state file is intact
+        tmp.unlink(missing_ok=True)
+        raise
 
 
 def _read_state(repo: Repo) -> dict[str, str] | None:
@@ -176,6 +288,17 @@ def _read_state(repo: Repo) -> dict[str, str] | None:
 
 def _index_lock(repo: Repo) -> Path:
     return Path(repo.git_dir) / "index.lock"
+
+
+def _private(repo: Repo) -> Path:
+    return Path(repo.git_dir) / PRIVATE_INDEX
+
+
+def _private_leftovers(repo: Repo) -> list[Path]:
+    """The private index, the lock git takes on it, the state's temporary file: ours alone."""
+    gd = Path(repo.git_dir)
+    names = (PRIVATE_INDEX, PRIVATE_INDEX + ".lock", _state_path(repo).with_suffix(".tmp").name)
+    return [gd / n for n in names if (gd / n).exists()]
 
 
 def index_lock_is_ours(repo: Repo) -> bool:
@@ -206,7 +329,297 @@ def _take_index_lock(repo: Repo) -> None:
 
 
 def _git_env(repo: Repo) -> dict[str, str]:
-    return {"GIT_INDEX_FILE": str(Path(repo.git_dir) / PRIVATE_INDEX)}
+    return {"GIT_INDEX_FILE": str(_private(repo))}
+
+
+def _release(repo: Repo) -> None:
+    """The checkout is settled: the state goes first (a kill from here on leaves only files that
+    recover removes without a question), then the private index, its lock, our index.lock."""
+    _state_path(repo).unlink(missing_ok=True)
+    for path in _private_leftovers(repo):
+        path.unlink(missing_ok=True)
+    if index_lock_is_ours(repo):
+        _index_lock(repo).unlink()
+
+
+def pending(repo: Repo) -> bool:
+    """Is an install unfinished (its state file still there)?"""
+    return _state_path(repo).exists()
+
+
+# ------------------------------------------------------------------- what the move writes, undo
+
+
+def _split(text: str) -> list[str]:
+    return [p for p in text.split("\0") if p]
+
+
+def _git_writing(repo: Repo, *args: str, index: Path | None = None) -> subprocess.CompletedProcess:
+    """Run a git command that writes the work tree, always to its end: it inherits the apply
+    lock (no later apply starts while it runs, even once we are killed), and the caller holds
+    the signals, so it is never left running behind our back. FP4SERIES_FAULT_GIT: module doc."""
+    cmd = [git.Git.GIT_PYTHON_GIT_EXECUTABLE or "git", *args]
+    if os.environ.get(FAULT_GIT_ENV):
+        cmd.insert(0, os.environ[FAULT_GIT_ENV])
+    env = {**os.environ, "LC_ALL": "C", "LANGUAGE": "C"}
+    if index is not None:
+        env["GIT_INDEX_FILE"] = str(index)
+    fd = _LOCK_FDS.get(_key(repo))
+    return subprocess.run(
+        cmd,
+        cwd=repo.working_tree_dir,
+        env=env,
+        stdin=subprocess.DEVNULL,
+        capture_output=True,
+        text=True,
+        errors="replace",
+        pass_fds=() if fd is None else (fd,),
+        check=False,
+    )
+
+
+def _said(proc: subprocess.CompletedProcess) -> str:
+    lines = (proc.stderr or "").strip().replace("error: ", "").splitlines()
+    said = "\n".join(lines[:3] + ([f"(and {len(lines) - 3} more lines)"] if len(lines) > 3 else []))
+    if proc.returncode < 0:
+        try:
+            name = signal.Signals(-proc.returncode).name
+        except ValueError:
+            name = f"signal {-proc.returncode}"
+        return f"{said} (killed by {name})" if said else f"killed by {name}"
+    return said or f"exit status {proc.returncode}"
+
+
+@dataclass(frozen=True)
+class _Change:
+    path: str
+    was: str | None  # its blob id in OLD (None: not there)
+    will: str | None  # its blob id in NEW
+
+
+def _changes(repo: Repo, old: str, new: str) -> list[_Change]:
+    """The paths that differ between OLD and NEW: all that read-tree -m -u OLD NEW may write."""
+    fields = repo.git.diff("--raw", "--no-renames", "--no-abbrev", "-z", old, new).split("\0")
+    out = []
+    for meta, path in zip(fields[0::2], fields[1::2], strict=False):
+        if not meta.startswith(":"):
+            break
+        old_mode, new_mode, old_id, new_id, _status = meta[1:].split()
+        if "160000" in (old_mode, new_mode):  # a submodule: read-tree writes nothing into it
+            continue
+        was, will = (None if set(i) == {"0"} else i for i in (old_id, new_id))
+        out.append(_Change(path, was, will))
+    return out
+
+
+_DIR = "(a directory)"
+
+
+def _work_tree_ids(repo: Repo, paths: list[str]) -> dict[str, str | None]:
+    """The blob id each path holds in the work tree (as `git add` would store it), None when
+    there is nothing, _DIR for a directory."""
+    root = Path(repo.working_tree_dir or ".")
+    out: dict[str, str | None] = {}
+    files = []
+    for rel in paths:
+        path = root / rel
+        if path.is_symlink():
+            target = os.fsencode(os.readlink(path))
+            out[rel] = hashlib.sha1(b"blob %d\0" % len(target) + target).hexdigest()  # noqa: S324
+        elif path.is_dir():
+            out[rel] = _DIR
+        elif path.is_file():
+            files.append(rel)
+        else:
+            out[rel] = None
+    if files:
+        ids = repo.git.hash_object("--", *files).split()
+        out.update(zip(files, ids, strict=True))
+    return out
+
+
+def _piece_of(repo: Repo, new: str, rel: str) -> bool:
+    """Does REL hold a leading part of NEW's content (what git leaves when a write fails)?"""
+    path = Path(repo.working_tree_dir or ".") / rel
+    if path.is_symlink() or not path.is_file():
+        return False
+    full = repo.git.cat_file(
+        "--filters", f"{new}:{rel}", stdout_as_string=False, strip_newline_in_stdout=False
+    )
+    data = path.read_bytes()
+    return len(data) < len(full) and full.startswith(data)
+
+
+def _in_the_way(repo: Repo, old: str, changes: list[_Change]) -> list[str]:
+    """The user's changes on paths the move would write, one line each (none may be there)."""
+    staged = set(
+        _split(
+            repo.git.diff_index(
+                "--cached", "--no-renames", "--name-only", "-z", old, env=_git_env(repo)
+            )
+        )
+    )
+    have = _work_tree_ids(repo, [c.path for c in changes])
+    lines = []
+    for c in changes:
+        if c.path in staged:
+            why = "a staged change"
+        elif have[c.path] == c.was:
+            continue
+        elif c.was is None:
+            why = "untracked: it would be overwritten by the file the series adds"
+        elif have[c.path] is None:
+            why = "deleted"
+        else:
+            why = "edited"
+        lines.append(f"  {c.path} ({why})")
+    return lines
+
+
+class _WriteFailed(Exception):
+    """Putting OLD's files back could not be written (the disk is still full?)."""
+
+    def __init__(self, detail: str, paths: list[str]) -> None:
+        super().__init__(detail)
+        self.detail, self.paths = detail, paths
+
+
+def _roll_back(repo: Repo, old: str, new: str) -> tuple[list[str], list[str]]:
+    """Put OLD's content back on every path that the move wrote: one holding NEW's content, a
+    leading part of it, or nothing where OLD has a file. Returns (paths put back, paths left as
+    they are because they hold something else: a change of the user's)."""
+    changes = _changes(repo, old, new)
+    have = _work_tree_ids(repo, [c.path for c in changes])
+    staged = set(
+        _split(repo.git.diff_index("--cached", "--no-renames", "--name-only", "-z", old))
+    )  # the index must hold OLD for checkout-index to restore it (it does while we hold it)
+    ours, foreign = [], []
+    for c in changes:
+        h = have[c.path]
+        if h == c.was and c.path not in staged:
+            continue
+        if c.path not in staged and (
+            h == c.will
+            or (h is None and c.was is not None)
+            or (h not in (None, _DIR) and c.will is not None and _piece_of(repo, new, c.path))
+        ):
+            ours.append(c)
+        elif h != c.was:
+            foreign.append(c.path)
+    restore = [c.path for c in ours if c.was is not None]
+    remove = [c.path for c in ours if c.was is None]
+    if restore:
+        proc = _git_writing(repo, "checkout-index", "-f", "--", *restore)
+        if proc.returncode != 0:
+            raise _WriteFailed(_said(proc), restore + remove)
+    root = Path(repo.working_tree_dir or ".")
+    try:
+        for rel in remove:
+            (root / rel).unlink(missing_ok=True)
+            for parent in Path(rel).parents:  # directories the move made for it, now empty
+                if str(parent) == "." or gitops.blob_id(repo, old, parent.as_posix()):
+                    break
+                try:
+                    (root / parent).rmdir()
+                except OSError:
+                    break
+    except OSError as exc:
+        raise _WriteFailed(str(exc), restore + remove) from None
+    return restore + remove, foreign
+
+
+def _low_space(path: str) -> str | None:
+    try:
+        st = os.statvfs(path)
+    except OSError:
+        return None
+    free = st.f_bavail * st.f_frsize
+    return None if free >= 1 << 20 else f"the disk holding {path} is full ({free // 1024} KiB free)"
+
+
+def _fix_hint(said: str, root: str) -> str:
+    hint = machine_hint(said)
+    if hint:
+        return hint
+    low = _low_space(root)
+    if low:
+        return f"{low}: free space on it, then run apply again"
+    return "read git's message above, fix its cause, then run apply again"
+
+
+def _put_back(done: list[str]) -> str:
+    if not done:
+        return "had written no file yet"
+    shown = ", ".join(done[:8]) + (f" and {len(done) - 8} more" if len(done) > 8 else "")
+    return f"put the original content back in the {len(done)} file(s) it had written: {shown}"
+
+
+def _left(foreign: list[str]) -> str:
+    if not foreign:
+        return ""
+    return (
+        "; these files changed while apply ran and are left as they are (they may hold part of "
+        "the series' change as well as yours): " + ", ".join(foreign)
+    )
+
+
+def _undo(repo: Repo, old: str, new: str, cause: str) -> tuple[list[str], list[str]]:
+    """Roll the work tree back to OLD and release; when that cannot be written, keep the state
+    and index.lock (a rerun finishes it) and raise the message that says the checkout is
+    mid-move."""
+    try:
+        done, foreign = _roll_back(repo, old, new)
+    except (_WriteFailed, OSError, git.GitCommandError) as exc:  # the state stays, whatever failed
+        if isinstance(exc, _WriteFailed):
+            detail, paths = exc.detail, exc.paths
+        else:
+            detail, paths = str(as_series_error(exc)), ["(see git diff --stat)"]
+            with suppress(Exception):
+                paths = [c.path for c in _changes(repo, old, new)]
+        root = repo.working_tree_dir or "."
+        hint = machine_hint(detail) or _low_space(root)
+        first = "free space on that disk" if hint else "fix what git said"
+        raise SeriesError(
+            f"{cause}; putting the original files back failed too ({detail}), so the "
+            f"checkout is mid-move: HEAD is still {old[:12]}, but these files may not hold "
+            f"their original content yet: {', '.join(paths)}",
+            hint=f"{first}, then run apply on {root} again (the same command): before anything "
+            f"else it finishes putting those files back. Until then {_index_lock(repo)} (apply's) "
+            "stays, so that git cannot commit the half-written files: remove neither it nor "
+            f"{_state_path(repo)}",
+        ) from None
+    _release(repo)
+    return done, foreign
+
+
+def _settle(repo: Repo, branch: str, old: str, new: str, cause: str) -> tuple[str, list, list]:
+    """Finish (BRANCH already at NEW) or roll back (still at OLD) a move that stopped, and
+    release: ("finished" | "rolled back", paths put back, paths left as they are)."""
+    tip = branch_tip(repo, branch)
+    if tip == new:
+        if _private(repo).exists():
+            os.replace(_private(repo), Path(repo.git_dir) / "index")
+        _release(repo)
+        return "finished", [], []
+    if tip == old:
+        done, foreign = _undo(repo, old, new, cause)
+        return "rolled back", done, foreign
+    raise SeriesError(
+        f"an apply was stopped while moving {branch} from {old[:12]} to {new[:12]}, and {branch} "
+        f"is now {tip}; apply changed nothing now",
+        hint=f"its series commits are {new}; inspect the checkout, then remove "
+        f"{_state_path(repo)} and {_index_lock(repo)}",
+    )
+
+
+def _words(what: str, branch: str, new: str, done: list[str], foreign: list[str]) -> str:
+    if what == "finished":
+        short = branch.removeprefix("refs/heads/")
+        return (
+            f"it had already moved {short} when the signal came, so it finished first: the "
+            f"series is fully applied ({new[:12]})"
+        )
+    return f"it stopped and {_put_back(done)}; the checkout is as it was{_left(foreign)}"
 
 
 # ------------------------------------------------------------------------------------- install
@@ -226,122 +639,177 @@ def _head_ref(repo: Repo) -> str | None:
         return None
 
 
-def install(repo: Repo, branch: str, old: str, new: str) -> str | None:
-    """Move BRANCH (checked out) and the checkout from OLD to NEW (see module doc).
-
-    Returns None when done, or why nothing was changed (the checkout moved on meanwhile)."""
-    _write_state(repo, branch=branch, old=old, new=new, step="begin")
-    try:
-        _take_index_lock(repo)
-    except SeriesError:
-        _state_path(repo).unlink(missing_ok=True)
-        raise
-    try:
-        pause("index-locked")
-        if _head_ref(repo) != branch or branch_tip(repo, branch) != old:
-            _release(repo)
-            return f"{branch} or HEAD moved while apply ran"
-        shutil.copyfile(Path(repo.git_dir) / "index", Path(repo.git_dir) / PRIVATE_INDEX)
-        with suppress(git.GitCommandError):  # read-tree -m trusts stat data: refresh it first
-            repo.git.update_index("-q", "--refresh", env=_git_env(repo))
-        _write_state(repo, branch=branch, old=old, new=new, step="worktree")
-        try:
-            repo.git.read_tree("-m", "-u", old, new, env=_git_env(repo))
-        except git.GitCommandError as exc:
-            _release(repo)
-            said = (exc.stderr or "").strip().replace("error: ", "")
-            return f"the work tree changed while apply ran; the series would overwrite:\n{said}"
-        pause("worktree-updated")
-        _write_state(repo, branch=branch, old=old, new=new, step="ref")
-        try:
-            repo.git.update_ref("-m", "fp4series apply", branch, new, old)
-        except git.GitCommandError:
-            repo.git.read_tree("-m", "-u", new, old, env=_git_env(repo))
-            _release(repo)
-            return f"{branch} moved while apply ran"
-        pause("ref-moved")
-        _write_state(repo, branch=branch, old=old, new=new, step="index")
-        os.replace(Path(repo.git_dir) / PRIVATE_INDEX, Path(repo.git_dir) / "index")
-        _release(repo)
-    except BaseException:
-        with suppress(Exception):  # the original error is the one to report
-            recover(repo)
-        raise
-    return None
-
-
-def pending(repo: Repo) -> bool:
-    """Is an install unfinished (its state file still there)?"""
-    return _state_path(repo).exists()
-
-
-def _release(repo: Repo) -> None:
-    (Path(repo.git_dir) / PRIVATE_INDEX).unlink(missing_ok=True)
-    if index_lock_is_ours(repo):
-        _index_lock(repo).unlink()
-    _state_path(repo).unlink(missing_ok=True)
-
-
-def recover(repo: Repo) -> tuple[str, bool] | None:
-    """Finish or undo an install that was interrupted: (what was done, whether the branch is now
-    at the killed run's result); None when there was nothing to do (module doc)."""
-    state = _read_state(repo)
-    if state is None:
-        if index_lock_is_ours(repo):  # killed right after taking it: nothing else was done
-            _index_lock(repo).unlink()
-            return "removed the index.lock a killed apply left; the checkout was not changed", False
-        return None
-    branch, old, new, step = state["branch"], state["old"], state["new"], state["step"]
-    if step == "begin" or not index_lock_is_ours(repo):
-        _release(repo)  # the work tree was not touched yet
-        return None
-    tip = branch_tip(repo, branch)
-    if tip == new:
-        private = Path(repo.git_dir) / PRIVATE_INDEX
-        if private.exists():
-            os.replace(private, Path(repo.git_dir) / "index")
-        _release(repo)
-        return f"finished an apply that was killed: {branch} is at {new[:12]}", True
-    if tip == old:
-        _roll_back_worktree(repo, old, new)
-        _release(repo)
-        return "rolled back an apply that was killed; the checkout is as it was before it", False
-    raise SeriesError(
-        f"an apply was killed while moving {branch} from {old[:12]} to {new[:12]}, and {branch} "
-        f"is now {tip}; nothing was changed",
-        hint=f"its series commits are {new}; inspect the checkout, then remove "
-        f"{_state_path(repo)} and {_index_lock(repo)}",
+def _would_overwrite(lines: list[str], said: str = "") -> str:
+    return (
+        "the work tree changed while apply ran; the series would overwrite these changes of "
+        "yours:\n" + "\n".join(lines) + (f"\n  (git read-tree said: {said})" if said else "")
     )
 
 
-def _roll_back_worktree(repo: Repo, old: str, new: str) -> None:
-    """Put OLD's files back where a killed install wrote NEW's, refusing anything else."""
-    listing = repo.git.diff("--name-only", "--no-renames", "-z", old, new)
-    changed = [p for p in listing.split("\0") if p]
-    root = Path(repo.working_tree_dir or ".")
-    foreign = []
-    restore, remove = [], []
-    for rel in changed:
-        was, will = gitops.blob_id(repo, old, rel), gitops.blob_id(repo, new, rel)
-        path = root / rel
-        have = repo.git.hash_object("--", rel) if path.is_file() else None
-        if have not in {was, will}:
-            foreign.append(rel)
-        elif was is not None and have != was:
-            restore.append(rel)
-        elif was is None and have is not None:
-            remove.append(rel)
+def install(repo: Repo, branch: str, old: str, new: str) -> str | None:
+    """Move BRANCH (checked out) and the checkout from OLD to NEW (see module doc).
+
+    Returns None when done, or why nothing was changed (the checkout moved on meanwhile).
+    Raises SeriesError when git failed (what it wrote was put back, or the message says that
+    the checkout is mid-move and a rerun finishes), Interrupted on a signal (settled first)."""
+    with signals_held() as got:
+        _write_state(repo, branch=branch, old=old, new=new, step="begin")
+        try:
+            _take_index_lock(repo)
+        except SeriesError:
+            _state_path(repo).unlink(missing_ok=True)
+            raise
+        try:  # nothing is written to the work tree before read-tree: stopping only releases
+            pause("index-locked")
+            if _head_ref(repo) != branch or branch_tip(repo, branch) != old:
+                _release(repo)
+                return f"{branch} or HEAD moved while apply ran"
+            shutil.copyfile(Path(repo.git_dir) / "index", _private(repo))
+            with suppress(git.GitCommandError):  # read-tree -m trusts stat data: refresh it
+                repo.git.update_index("-q", "--refresh", env=_git_env(repo))
+            mine = _in_the_way(repo, old, _changes(repo, old, new))
+            if mine:
+                _release(repo)
+                return _would_overwrite(mine)
+            _write_state(repo, branch=branch, old=old, new=new, step="worktree")
+            pause("before-read-tree")
+            if got:
+                raise Interrupted("the checkout is as it was")
+        except BaseException:
+            _release(repo)
+            raise
+        proc = _git_writing(repo, "read-tree", "-m", "-u", old, new, index=_private(repo))
+        if proc.returncode != 0:
+            return _read_tree_failed(repo, branch, old, new, proc, got)
+        try:
+            pause("worktree-updated")
+            if got:
+                raise Interrupted("")  # the files are NEW's, the branch is not moved: undo
+            _write_state(repo, branch=branch, old=old, new=new, step="ref")
+            try:
+                repo.git.update_ref("-m", "fp4series apply", branch, new, old)
+            except git.GitCommandError:
+                _done, foreign = _undo(repo, old, new, f"{branch} moved while apply ran")
+                return f"{branch} moved while apply ran{_left(foreign)}"
+            pause("ref-moved")
+            with suppress(OSError):  # the branch has moved: finishing needs no new record
+                _write_state(repo, branch=branch, old=old, new=new, step="index")
+            os.replace(_private(repo), Path(repo.git_dir) / "index")
+            _release(repo)
+        except SeriesError:
+            raise  # settled, or the message says what is left
+        except BaseException as exc:
+            raise _settle_after(repo, branch, old, new, exc) from None
+        if got:
+            raise Interrupted(_words("finished", branch, new, [], []))
+    return None
+
+
+def _read_tree_failed(
+    repo: Repo, branch: str, old: str, new: str, proc: subprocess.CompletedProcess, got: list
+) -> str:
+    """read-tree -m -u failed or was killed: the reason nothing was changed when it refused (it
+    then wrote nothing); otherwise roll back what it wrote and raise what happened."""
+    said = _said(proc)
+    root = repo.working_tree_dir or "."
+    if proc.returncode > 0 and not got and any(r in said for r in _REFUSALS):
+        try:
+            mine = _in_the_way(repo, old, _changes(repo, old, new))
+        finally:
+            _release(repo)  # it wrote nothing
+        if mine:
+            return _would_overwrite(mine, said)
+        raise SeriesError(
+            f"git read-tree refused to update the work tree ({said}), although those files "
+            "hold what apply expects; nothing was changed",
+            hint="run apply again",
+        )
+    cause = f"git read-tree failed while writing the work tree: {said}"
+    done, foreign = _undo(repo, old, new, cause)
+    if got:
+        raise Interrupted(_words("rolled back", branch, new, done, foreign))
+    raise SeriesError(
+        f"{cause}; apply {_put_back(done)}; the checkout is as it was{_left(foreign)}",
+        hint=_fix_hint(said, root),
+    )
+
+
+def _settle_after(repo: Repo, branch: str, old: str, new: str, exc: BaseException) -> BaseException:
+    """install stopped on EXC after read-tree wrote NEW's files: finish or roll back; returns the
+    exception that says what the checkout is now."""
+    error = as_series_error(exc)
+    stopped = "a signal" if isinstance(exc, KeyboardInterrupt) else (error or repr(exc))
+    what, done, foreign = _settle(repo, branch, old, new, f"apply stopped on {stopped}")
+    if isinstance(exc, KeyboardInterrupt):
+        return Interrupted(_words(what, branch, new, done, foreign))
+    if what == "finished" or error is None:
+        return exc  # the branch had moved (apply reports it done), or a bug: its traceback
+    return SeriesError(
+        f"{error}; apply {_put_back(done)}; the checkout is as it was{_left(foreign)}",
+        hint=error.hint,
+    )
+
+
+def recover(repo: Repo) -> tuple[str, bool] | None:
+    """Finish or undo an install that was killed: (what was done, whether the branch is now
+    at the killed run's result); None when there was nothing to do (module doc)."""
+    with signals_held():
+        return _recover(repo)
+
+
+def _recover(repo: Repo) -> tuple[str, bool] | None:
+    state = _read_state(repo)
+    step = state["step"] if state else "begin"
+    if step == "begin":  # nothing was written: what a killed run left is ours to remove
+        named = ["the index.lock"] if index_lock_is_ours(repo) else []
+        named += [str(p) for p in _private_leftovers(repo)]
+        _release(repo)
+        if not named:
+            return None
+        return (
+            f"removed {' and '.join(named)} a killed apply left; the checkout itself was fine",
+            False,
+        )
+    assert state is not None
+    branch, old, new = state["branch"], state["old"], state["new"]
+    if not index_lock_is_ours(repo):
+        if _index_lock(repo).exists():
+            lock = _index_lock(repo)
+            raise SeriesError(
+                f"an apply was interrupted while moving {branch} from {old[:12]} to {new[:12]}, "
+                f"and {lock} now belongs to another git command; apply changed nothing now",
+                hint=f"let that command finish (if none runs, remove {lock}), then run apply "
+                "again: it finishes what the interrupted apply left",
+            )
+        _take_index_lock(repo)  # removed by hand: hold it again while the work tree is written
+    short = branch.removeprefix("refs/heads/")
+    what, done, foreign = _settle(
+        repo, branch, old, new, f"an interrupted apply was moving {short}"
+    )
+    with suppress(git.GitCommandError):  # its result, now applied or undone
+        repo.git.update_ref("-d", result_ref(branch), new)
+    if what == "finished":
+        return f"finished an apply that was interrupted: {branch} is at {new[:12]}", True
+    root = repo.working_tree_dir
     if foreign:
         raise SeriesError(
-            "an apply was killed while writing the work tree and these files now hold neither "
-            "the original nor the series' content: " + ", ".join(foreign),
-            hint=f"nothing was changed; keep what you need, then `git -C {root} checkout -- "
-            f"<file>` them, remove {_state_path(repo)} and {_index_lock(repo)}, and rerun apply",
+            "rolled back an apply that was interrupted while writing the work tree "
+            f"({_put_back(done)}), except for these files, which hold neither the original nor "
+            "the series' content (they changed after it started, and may carry the series' "
+            "change as well as yours); they are left as they are: " + ", ".join(foreign),
+            hint=f"nothing else is left to undo: look at them (git -C {root} diff -- FILE), keep "
+            f"what you need, put the original back (git -C {root} checkout -- FILE), then run "
+            "apply again",
         )
-    if restore:
-        repo.git.checkout_index("-f", "--", *restore)
-    for rel in remove:
-        (root / rel).unlink()
+    if done:
+        return (
+            f"rolled back an apply that was interrupted: {_put_back(done)}; the checkout is as it "
+            "was before it"
+        ), False
+    return (
+        "an apply was interrupted before it wrote any file; the checkout is as it was before it",
+        False,
+    )
 
 
 # ------------------------------------------------------------------------------------ worktrees

@@ -2,13 +2,18 @@
 
 apply runs as a real process; FP4SERIES_PAUSE_AT=<point> stops it at a named point of its final
 steps (checkout.PAUSE_POINTS) until the test has acted: edited a file, created one, committed,
-started a second apply, or sent SIGKILL. No sleeps decide anything: the test waits for the
-point's marker file and releases it with another.
+started a second apply, filled the disk, or sent SIGKILL. No sleeps decide anything: the test
+waits for the point's marker file and releases it with another.
+
+Inside `git read-tree -m -u` (the branch move writing the work tree) there is no pause point:
+FP4SERIES_FAULT_GIT runs FAULT_GIT in place of git there, which writes some of the files, one
+of them cut short, and then fails, is killed or signals apply, as TEST_FAULT says.
 """
 
 from __future__ import annotations
 
 import contextlib
+import fcntl
 import gc
 import os
 import pwd
@@ -18,6 +23,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Iterator
 from pathlib import Path
 
 import git as git_module
@@ -32,7 +38,7 @@ from fp4series import checkout, cli
 SRC = Path(__file__).resolve().parents[2] / "src"
 A_PY = "python/sglang/srt/a.py"
 POINTS = checkout.PAUSE_POINTS
-BEFORE_WRITE = ("scratch", "applied", "index-locked")  # the checkout's files not yet touched
+BEFORE_WRITE = ("scratch", "applied", "index-locked", "before-read-tree")  # files not yet written
 SUBJECTS = ["[Quant] Return two and add new module", "[Quant] Change value ten"]
 
 
@@ -73,24 +79,35 @@ def apply_cmd(env: Env, co: Path, *extra: str) -> list[str]:
     ]  # fmt: skip
 
 
-def proc_env(pause_dir: Path | None = None, point: str = "") -> dict[str, str]:
+def proc_env(
+    pause_dir: Path | None = None, point: str = "", extra: dict[str, str] | None = None
+) -> dict[str, str]:
     out = {**os.environ, "PYTHONPATH": str(SRC)}
     out.pop("FP4SERIES_PAUSE_AT", None)
+    out.pop(checkout.FAULT_GIT_ENV, None)
     if pause_dir is not None:
         out.update(FP4SERIES_PAUSE_AT=point, FP4SERIES_PAUSE_DIR=str(pause_dir))
-    return out
+    return {**out, **(extra or {})}
 
 
-def run(env: Env, co: Path, *extra: str) -> subprocess.CompletedProcess[str]:
+def run(
+    env: Env, co: Path, *extra: str, fault: dict[str, str] | None = None
+) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
-        apply_cmd(env, co, *extra), capture_output=True, text=True, env=proc_env(), check=False
+        apply_cmd(env, co, *extra),
+        capture_output=True,
+        text=True,
+        env=proc_env(extra=fault),
+        check=False,
     )
 
 
 class Paused:
     """An apply process stopped at POINT."""
 
-    def __init__(self, env: Env, co: Path, point: str, tmp: Path) -> None:
+    def __init__(
+        self, env: Env, co: Path, point: str, tmp: Path, fault: dict[str, str] | None = None
+    ) -> None:
         self.dir = tmp / f"pause-{point}"
         self.dir.mkdir()
         self.point = point
@@ -99,7 +116,7 @@ class Paused:
             stdout=subprocess.PIPE,
             stderr=subprocess.PIPE,
             text=True,
-            env=proc_env(self.dir, point),
+            env=proc_env(self.dir, point, fault),
         )
         reached = self.dir / f"{point}.reached"
         while not reached.exists():  # an event, not a timing guess: the process says it is there
@@ -141,7 +158,12 @@ def assert_no_debris(co: Path) -> None:
         if (gd / n).exists()
     ]
     assert not leftovers
+    assert not (gd / (checkout.PRIVATE_INDEX + ".lock")).exists()
     assert git(co, "worktree", "list", "--porcelain").count("worktree ") == 1
+
+
+def result_refs(co: Path) -> str:
+    return git(co, "for-each-ref", "--format=%(refname)", checkout.RESULT_REF_PREFIX)
 
 
 # ------------------------------------------------------------------- the user acts at each point
@@ -165,6 +187,7 @@ def test_user_edit_of_a_series_file_at_each_point_is_kept(
         assert "changed while apply ran" in out and "refs/fp4series/applied/work" in out
         assert series_on_top(co, "refs/fp4series/applied/work")
         assert "not uptodate" in out or "would overwrite" in out
+        assert "stash push && " in out and "merge --ff-only refs/fp4series/applied/work" in out
         assert git(co, "status", "--porcelain") == f" M {A_PY}\n"
     else:  # after: the series is in, the user's edit sits on top of it
         assert rc == 0, out
@@ -172,6 +195,27 @@ def test_user_edit_of_a_series_file_at_each_point_is_kept(
         assert "value_10 = 100\n" in (co / A_PY).read_text()
         assert git(co, "status", "--porcelain") == f" M {A_PY}\n"
     assert_no_debris(co)
+
+
+@pytest.mark.parametrize("untracked", [False, True])
+def test_hint_after_an_edit_meanwhile_takes_the_series_and_keeps_the_edit(
+    env: Env, tmp_path: Path, untracked: bool
+) -> None:
+    co = env.clone("co")
+    paused = Paused(env, co, "applied", tmp_path)
+    edit(co, A_PY, "value_20 = 20\n", "value_20 = 2000\n")
+    if untracked:
+        (co / "notes.txt").write_text("mine\n")
+    rc, out = paused.release()
+    assert rc == 1, out
+    hint = out.split("keep your changes: ", 1)[1].split(" (if pop", 1)[0]
+    assert ("--include-untracked" in hint) == untracked
+    subprocess.run(["bash", "-c", hint], check=True, capture_output=True)  # followed word for word
+    assert series_on_top(co)
+    text = (co / A_PY).read_text()
+    assert "value_20 = 2000\n" in text and "value_10 = 100\n" in text
+    assert git(co, "stash", "list") == ""
+    assert not untracked or (co / "notes.txt").read_text() == "mine\n"
 
 
 @pytest.mark.parametrize("point", POINTS)
@@ -227,6 +271,11 @@ def test_commit_at_each_point_is_kept(env: Env, tmp_path: Path, point: str) -> N
         assert git(co, "rev-parse", "HEAD").strip() == mine != old
         assert "refs/fp4series/applied/work" in out
         assert git(co, "status", "--porcelain") == ""
+        assert f"rerun scripts/apply.sh {co}, which puts the series on top" in out
+        assert "merge --ff-only" not in out  # it cannot fast-forward over the user's commit
+        again = run(env, co)  # the hint, followed
+        assert again.returncode == 0, again.stdout + again.stderr
+        assert series_on_top(co) and git(co, "log", "-1", "--format=%s", "HEAD~2") == "my note\n"
     else:  # apply held the index: git refused the commit, apply finished, the file is there
         assert not committed
         assert rc == 0, out
@@ -267,6 +316,7 @@ def test_sigkill_at_each_point_then_rerun_finishes(env: Env, tmp_path: Path, poi
     assert series_on_top(co) and git(co, "status", "--porcelain") == ""
     assert before <= reachable(co)
     assert_no_debris(co)
+    assert not result_refs(co)  # the killed run's result ref goes too, whichever way it ended
     assert not scratch_dirs_of(paused.proc.pid)
 
 
@@ -306,6 +356,234 @@ def test_sigterm_in_the_scratch_worktree_removes_it(env: Env, tmp_path: Path) ->
     rc, out = paused.release()
     assert rc == 130, out
     assert not owned[0].exists()
+    assert_no_debris(co)
+
+
+# ---------------------------------------------------------------------- inside git read-tree -m -u
+
+# Run as `FAULT_GIT git ARGS...` for the git commands that write the work tree. read-tree, when
+# TEST_FAULT is set, does what git does when a write fails or it is stopped: holds its index's
+# lock, writes NEW's files in order (the last one cut short, as a failed write leaves it), then:
+#   enospc   fails as git does on a full disk (its lock removed, nothing in its index)
+#   index    writes every file in full, then fails to write its index (SIGINT ignored: git's
+#            handler removed its lock and it went on)
+#   kill     SIGKILLs apply and then itself (the private index's lock stays)
+#   SIGTERM, SIGINT, SIGHUP: sends it to apply first, then dies of it, as a signal to the
+#            whole process group does
+#   orphan   SIGKILLs apply, waits for TEST_RELEASE, then runs the real read-tree
+# checkout-index fails while the file TEST_DISK_FULL exists (the rollback cannot be written).
+FAULT_GIT = """
+import os, signal, subprocess, sys, time
+from pathlib import Path
+
+git, *args = sys.argv[1:]
+fault = os.environ.get("TEST_FAULT", "")
+full = os.environ.get("TEST_DISK_FULL", "")
+if args[0] == "checkout-index" and full and os.path.exists(full):
+    sys.stderr.write(f"error: unable to write file {args[-1]}\\n")
+    sys.exit(1)
+if args[0] != "read-tree" or not fault:
+    os.execvp(git, [git, *args])
+if fault == "orphan":
+    os.kill(os.getppid(), signal.SIGKILL)
+    while not os.path.exists(os.environ["TEST_RELEASE"]):
+        time.sleep(0.01)
+    os.execvp(git, [git, *args])
+old, new = args[-2:]
+lock = Path(os.environ["GIT_INDEX_FILE"] + ".lock")
+lock.touch(exist_ok=False)
+if fault.startswith("SIG"):
+    os.kill(os.getppid(), getattr(signal, fault))
+out = subprocess.run([git, "diff", "--name-only", "-z", old, new], capture_output=True, check=True)
+paths = out.stdout.decode().split("\\0")[:-1]
+for i, path in enumerate(paths):
+    blob = subprocess.run([git, "cat-file", "blob", f"{new}:{path}"], capture_output=True)
+    data = blob.stdout
+    if i == len(paths) - 1 and fault != "index":
+        data = data[: len(data) // 2]
+    Path(path).unlink(missing_ok=True)
+    Path(path).write_bytes(data)
+if fault == "kill":
+    os.kill(os.getppid(), signal.SIGKILL)
+    os.kill(os.getpid(), signal.SIGKILL)
+lock.unlink()
+if fault.startswith("SIG"):
+    signal.signal(getattr(signal, fault), signal.SIG_DFL)
+    os.kill(os.getpid(), getattr(signal, fault))
+sys.stderr.write(
+    "fatal: unable to write new index file\\n" if fault == "index"
+    else f"error: unable to write file {paths[-1]}\\n"
+)
+sys.exit(128)
+"""
+WRITTEN = ["python/sglang/srt/a.py", "python/sglang/srt/b.py", "python/sglang/srt/new.py"]
+
+
+@pytest.fixture
+def fault_git(tmp_path: Path) -> Path:
+    path = tmp_path / "fault-git"
+    path.write_text(f"#!{sys.executable}\n{FAULT_GIT}")
+    path.chmod(0o755)
+    return path
+
+
+def faulty(fault_git: Path, fault: str, **more: str) -> dict[str, str]:
+    return {checkout.FAULT_GIT_ENV: str(fault_git), "TEST_FAULT": fault, **more}
+
+
+def lock_released(co: Path) -> None:
+    """Block until nothing holds CO's apply lock (a killed apply's git command exits)."""
+    with (co / ".git" / checkout.LOCK_NAME).open("rb") as fh:
+        fcntl.flock(fh, fcntl.LOCK_EX)
+
+
+@pytest.mark.parametrize("fault", ["enospc", "index"])
+def test_read_tree_failing_midway_puts_back_what_it_wrote(
+    env: Env, fault_git: Path, fault: str
+) -> None:
+    co = env.clone("co")
+    before = tree_fingerprint(co)
+    proc = run(env, co, fault=faulty(fault_git, fault))
+    out = proc.stdout + proc.stderr
+    assert proc.returncode == 1, out
+    assert "git read-tree failed while writing the work tree" in out
+    assert (
+        f"put the original content back in the 3 file(s) it had written: {', '.join(WRITTEN)}"
+        in out
+    )
+    assert "; the checkout is as it was" in out
+    assert "nothing was changed" not in out and "your work is as you left it" not in out
+    assert "Traceback" not in out
+    assert tree_fingerprint(co) == before  # every file, the index, HEAD: as they were
+    assert_no_debris(co)
+    assert not result_refs(co)
+    again = run(env, co)
+    assert again.returncode == 0, again.stdout + again.stderr
+    assert series_on_top(co) and git(co, "status", "--porcelain") == ""
+
+
+def test_rollback_that_cannot_be_written_says_mid_move_and_a_rerun_finishes(
+    env: Env, tmp_path: Path, fault_git: Path
+) -> None:
+    co = env.clone("co")
+    old = git(co, "rev-parse", "HEAD").strip()
+    full = tmp_path / "disk-full"
+    full.write_text("")
+    proc = run(env, co, fault=faulty(fault_git, "enospc", TEST_DISK_FULL=str(full)))
+    out = proc.stdout + proc.stderr
+    assert proc.returncode == 1, out
+    assert "putting the original files back failed too" in out and "mid-move" in out
+    assert f"HEAD is still {old[:12]}" in out and ", ".join(WRITTEN) in out
+    assert "run apply on" in out and "finishes putting those files back" in out
+    assert "nothing was changed" not in out and "as it was" not in out
+    gd = co / ".git"
+    assert (gd / checkout.STATE_NAME).exists()  # kept, with apply's index.lock, for the rerun
+    assert (gd / "index.lock").read_bytes().startswith(checkout.INDEX_LOCK_MARK)
+    assert git(co, "rev-parse", "HEAD").strip() == old
+    full.unlink()  # space freed: the rerun finishes the rollback, then applies
+    again = run(env, co)
+    out = again.stdout + again.stderr
+    assert again.returncode == 0, out
+    assert "rolled back an apply that was interrupted: put the original content back" in out
+    assert series_on_top(co) and git(co, "status", "--porcelain") == ""
+    assert_no_debris(co)
+    assert not result_refs(co)
+
+
+def test_sigkill_during_read_tree_then_rerun_recovers(env: Env, fault_git: Path) -> None:
+    co = env.clone("co")
+    before = reachable(co)
+    killed = run(env, co, fault=faulty(fault_git, "kill"))
+    assert killed.returncode == -signal.SIGKILL
+    lock_released(co)
+    assert (co / ".git" / (checkout.PRIVATE_INDEX + ".lock")).exists()  # what git left
+    assert (co / WRITTEN[-1]).read_text() == "NEW "  # cut short
+    again = run(env, co)
+    out = again.stdout + again.stderr
+    assert again.returncode == 0, out
+    assert (
+        "rolled back an apply that was interrupted: put the original content back in the 3" in out
+    )
+    assert "changed while apply ran" not in out
+    assert series_on_top(co) and git(co, "status", "--porcelain") == ""
+    assert before <= reachable(co)
+    assert_no_debris(co)
+    assert not result_refs(co)
+
+
+def test_private_index_lock_left_by_a_killed_apply_is_removed(
+    env: Env, capsys: pytest.CaptureFixture
+) -> None:
+    co = env.clone("co")
+    left = co / ".git" / (checkout.PRIVATE_INDEX + ".lock")
+    left.write_text("")
+    rc, out = cli_apply(env, co, capsys)
+    assert rc == 0, out
+    assert f"removed {left} a killed apply left; the checkout itself was fine" in out
+    assert "changed while apply ran" not in out
+    assert series_on_top(co)
+    assert_no_debris(co)
+    rc, out = cli_apply(env, co, capsys)  # and no loop: the next run is plain
+    assert rc == 0 and "already applied" in out and "removed" not in out
+
+
+@pytest.mark.parametrize("sig", ["SIGTERM", "SIGINT", "SIGHUP"])
+def test_signal_during_read_tree_puts_back_what_it_wrote_before_exiting(
+    env: Env, fault_git: Path, sig: str
+) -> None:
+    co = env.clone("co")
+    before = tree_fingerprint(co)
+    proc = run(env, co, fault=faulty(fault_git, sig))
+    out = proc.stdout + proc.stderr
+    assert proc.returncode == 130, out
+    assert "apply was interrupted; it stopped and put the original content back in the 3" in out
+    assert "; the checkout is as it was" in out and "Traceback" not in out
+    assert tree_fingerprint(co) == before
+    assert_no_debris(co)
+    assert not result_refs(co)
+    again = run(env, co)  # nothing to recover: a plain apply
+    assert again.returncode == 0, again.stdout + again.stderr
+    assert "interrupted" not in again.stderr and series_on_top(co)
+
+
+@pytest.mark.parametrize("point", ["worktree-updated", "ref-moved"])
+def test_sigterm_during_the_move_settles_it_first_and_says_how(
+    env: Env, tmp_path: Path, point: str
+) -> None:
+    co = env.clone("co")
+    settle(co)
+    before = tree_fingerprint(co)
+    paused = Paused(env, co, point, tmp_path)
+    paused.proc.send_signal(signal.SIGTERM)
+    rc, out = paused.release()
+    assert rc == 130, out
+    if point == "worktree-updated":  # the branch had not moved: undone
+        assert "put the original content back in the 3 file(s)" in out and "as it was" in out
+        assert tree_fingerprint(co) == before
+    else:  # it had: finished
+        assert "so it finished first: the series is fully applied" in out
+        assert series_on_top(co) and git(co, "status", "--porcelain") == ""
+    assert_no_debris(co)
+    assert not result_refs(co)
+
+
+def test_read_tree_of_a_killed_apply_holds_the_lock_until_it_exits(
+    env: Env, tmp_path: Path, fault_git: Path
+) -> None:
+    co = env.clone("co")
+    release = tmp_path / "release"
+    killed = run(env, co, fault=faulty(fault_git, "orphan", TEST_RELEASE=str(release)))
+    assert killed.returncode == -signal.SIGKILL  # apply is gone, its read-tree still runs
+    second = run(env, co)
+    assert second.returncode == 1
+    assert "is still writing the checkout and holds its lock; nothing was changed" in second.stderr
+    release.write_text("")
+    lock_released(co)
+    again = run(env, co)
+    out = again.stdout + again.stderr
+    assert again.returncode == 0, out
+    assert "rolled back an apply that was interrupted: put the original content back" in out
+    assert series_on_top(co) and git(co, "status", "--porcelain") == ""
     assert_no_debris(co)
 
 
@@ -384,6 +662,29 @@ def test_failure_hint_keeps_the_series_recognisable(
     assert "+ 1 commit(s) of yours on top of it" in out and "python/sglang/srt/b.py" in out
 
 
+def test_failure_hint_lists_every_patch_left_and_following_it_applies_them_all(
+    env: Env, capsys: pytest.CaptureFixture
+) -> None:
+    co = env.clone("co")
+    edit(co, A_PY, "value_10 = 10\n", "value_10 = 11\n")  # conflicts with the first patch
+    git(co, "commit", "-qam", "conflicting change")
+    rc, out = cli_apply(env, co, capsys)
+    assert rc == 1 and "0001-change-value-ten.patch does not apply" in out
+    names = ["0001-change-value-ten.patch", "0002-return-two-and-add-new-module.patch"]
+    am = [*f"git -C {co} am --3way --keep-cr --keep-non-patch".split()]
+    am += [str((env.patches / n).resolve()) for n in names]
+    assert " ".join(am) + " (every patch not applied yet, to the end of the series" in out
+    assert "until git am has applied them all (2). Only then regenerate" in out
+    assert "exporting earlier drops the patches not applied yet" in out
+    first = subprocess.run(am, capture_output=True, text=True, check=False)  # the hint, followed
+    assert first.returncode != 0  # stopped at 0001, as the hint says
+    git(co, "checkout", "--theirs", "--", A_PY)  # resolved (the series' side)
+    git(co, "add", A_PY)
+    git(co, "am", "--continue")  # and the rest of the series follows
+    assert series_on_top(co)
+    assert git(co, "log", "-1", "--format=%s", "HEAD~2") == "conflicting change\n"
+
+
 @pytest.mark.parametrize(
     ("operation", "abort"),
     [
@@ -433,10 +734,11 @@ def test_missing_gitpython_is_a_message(tmp_path: Path) -> None:
 # ------------------------------------------------------------------------------ a hostile machine
 
 
-@pytest.mark.skipif(os.geteuid() != 0, reason="mounting a small tmpfs needs root")
-def test_full_disk_is_a_message_and_changes_nothing(
-    env: Env, tmp_path: Path, capsys: pytest.CaptureFixture
-) -> None:
+@contextlib.contextmanager
+def small_disk(tmp_path: Path) -> Iterator[Path]:
+    """A 2 MB tmpfs (root only; skipped where it cannot be mounted)."""
+    if os.geteuid() != 0:
+        pytest.skip("mounting a small tmpfs needs root")
     disk = tmp_path / "disk"
     disk.mkdir()
     mount = subprocess.run(
@@ -448,16 +750,39 @@ def test_full_disk_is_a_message_and_changes_nothing(
     if mount.returncode != 0:
         pytest.skip(f"cannot mount a tmpfs here: {mount.stderr.strip()}")
     try:
+        yield disk
+    finally:
+        gc.collect()  # gitpython's cat-file helpers run inside the checkout until collected
+        if subprocess.run(["umount", str(disk)], check=False).returncode:
+            subprocess.run(["umount", "--lazy", str(disk)], check=False)
+
+
+def fill(disk: Path, leave: int = 0) -> None:
+    """Fill DISK up to its last page, except LEAVE bytes (kept free as a reserve first)."""
+    if leave:
+        (disk / "reserve").write_bytes(b"\0" * leave)
+    fd = os.open(disk / "fill", os.O_WRONLY | os.O_CREAT, 0o644)
+    try:
+        for chunk in (65536, 4096, 1):
+            with contextlib.suppress(OSError):
+                while True:
+                    os.write(fd, b"\0" * chunk)
+    finally:
+        os.close(fd)
+    if leave:
+        (disk / "reserve").unlink()
+
+
+def test_full_disk_is_a_message_and_changes_nothing(
+    env: Env, tmp_path: Path, capsys: pytest.CaptureFixture
+) -> None:
+    with small_disk(tmp_path) as disk:
         co = disk / "co"
         git(tmp_path, "clone", "-q", str(env.pin), str(co))
         git(co, "checkout", "-q", "-b", "work", "v0.5.11")
         settle(co)
         before = tree_fingerprint(co)
-        (disk / "reserve").write_bytes(b"\0" * 8192)  # two pages: room for apply's lock only
-        with (disk / "fill").open("wb") as fh, contextlib.suppress(OSError):
-            while True:
-                fh.write(b"\0" * 65536)
-        (disk / "reserve").unlink()
+        fill(disk, leave=8192)  # two pages: room for apply's lock only
         rc, out = cli_apply(env, co, capsys)
         (disk / "fill").unlink()
         assert rc == 1
@@ -465,10 +790,27 @@ def test_full_disk_is_a_message_and_changes_nothing(
         assert "the checkout was not changed" in out and "Traceback" not in out
         assert tree_fingerprint(co) == before
         assert_no_debris(co)
-    finally:
-        gc.collect()  # gitpython's cat-file helpers run inside the checkout until collected
-        if subprocess.run(["umount", str(disk)], check=False).returncode:
-            subprocess.run(["umount", "--lazy", str(disk)], check=False)
+
+
+def test_disk_filling_up_during_the_branch_move_is_undone(env: Env, tmp_path: Path) -> None:
+    """The real thing: git read-tree runs out of space after it wrote some of the files."""
+    with small_disk(tmp_path) as disk:
+        co = disk / "co"
+        git(tmp_path, "clone", "-q", str(env.pin), str(co))
+        git(co, "checkout", "-q", "-b", "work", "v0.5.11")
+        settle(co)
+        before = tree_fingerprint(co)
+        paused = Paused(env, co, "before-read-tree", tmp_path)
+        fill(disk)  # not a page left: git's first write of a file that is not replaced fails
+        rc, out = paused.release()
+        assert rc == 1, out
+        assert "git read-tree failed while writing the work tree" in out
+        assert "put the original content back in the 3 file(s) it had written" in out
+        assert "; the checkout is as it was" in out and "free space" in out
+        assert "nothing was changed" not in out and "Traceback" not in out
+        (disk / "fill").unlink()
+        assert tree_fingerprint(co) == before
+        assert_no_debris(co)
 
 
 def test_read_only_checkout_for_another_user_is_a_message(env: Env) -> None:
