@@ -1,19 +1,37 @@
 """Compile-only check of the patched Marlin JIT CUDA modules with the local nvcc.
 
-SGLang builds its Marlin kernels at run time (``sglang.jit_kernel.utils.load_jit`` ->
-apache-tvm-ffi ``load_inline`` -> ninja + nvcc). A CPU machine has nvcc but no GPU, so the
-worker below drives SGLang's own loader with the arch forced through
-``override_jit_cuda_arch`` and tvm-ffi's ``load_inline`` swapped for ``build_inline``: the
-exact sources and flags SGLang would compile on that GPU, built into a ``.so``, never loaded.
+SGLang builds its Marlin kernels at run time: a cached Python loader (``_jit_gptq_marlin_module``
+and the like) calls ``load_jit`` with the module's CUDA sources, which generates and runs a ninja
+build with nvcc. A CPU machine has nvcc but no GPU, so the worker below drives SGLang's own loader
+with the arch forced through ``override_jit_cuda_arch`` and the final load replaced by "keep the
+``.so``": the exact sources and flags SGLang would compile on that GPU, built, never loaded.
+
+Both source layouts are supported, and everything is discovered from the tree, not assumed:
+
+- the JIT root is the directory under ``sglang/`` holding ``csrc/``, ``include/`` and a ``utils``
+  module or package that defines ``load_jit`` (``jit_kernel/`` at the pin, ``kernels/jit/`` from
+  0.5.17 on);
+- a module's wrapper is the Python file with a function whose body calls
+  ``load_jit("<module>", ..., cuda_files=[...])`` (``jit_kernel/gptq_marlin.py`` at the pin,
+  ``kernels/ops/gemm/gptq_marlin.py`` on 0.5.23), and that function is the loader the worker calls;
+- the loader package is where that file imports ``load_jit`` from; the worker takes
+  ``override_jit_cuda_arch`` from it. Build-only mode follows what ``load_jit`` runs on:
+  tvm-ffi's ``load_inline`` (the pin: swapped for ``build_inline``), or SGLang's own ninja loader
+  (0.5.17+: its ``_load`` returns the path instead of loading, and the ``.so`` is copied out of the
+  staging directory).
 
 The parent side (``run_compile_checks``) is stdlib-only: it hashes the inputs of each target
-(kernel sources, SGLang's loader, flags, nvcc and tvm-ffi versions) and skips a target whose
-stamp in ``.work/cache/compile/`` already records that hash.
+(the module's sources and what they include, the JIT headers, the loader package, the wrapper,
+nvcc and tvm-ffi versions) and skips a target whose stamp in ``.work/cache/compile/`` already
+records that hash. ``python -m fp4series.compile_check check`` runs it on any tree (e.g. a line's
+checkout) with any venv.
 """
 
 from __future__ import annotations
 
 import argparse
+import ast
+import functools
 import hashlib
 import json
 import os
@@ -29,24 +47,34 @@ from pathlib import Path
 
 from fp4series.errors import SeriesError
 
-#: Wrapper module (in ``sglang.jit_kernel``) and its cached JIT loader, per kernel family.
-MODULES: dict[str, tuple[str, str, str]] = {
-    # name: (python module, loader function, csrc sub-directory with the templates)
-    "gptq_marlin": ("sglang.jit_kernel.gptq_marlin", "_jit_gptq_marlin_module", "gemm/marlin"),
-    "moe_wna16_marlin": (
-        "sglang.jit_kernel.moe_wna16_marlin",
-        "_jit_moe_wna16_marlin_module",
-        "gemm/marlin_moe",
-    ),
-}
+#: The Marlin JIT modules this check knows, by the name their wrapper passes to ``load_jit``.
+#: Where their wrappers and sources live is discovered from the tree (``discover_layout``).
+MODULES: tuple[str, ...] = (
+    "gptq_marlin",
+    "moe_wna16_marlin",
+    "gptq_marlin_repack",
+    "awq_marlin_repack",
+)
 DTYPES = ("fp16", "bf16")
+#: Dtype field of a module whose loader takes no activation dtype (the repack modules).
+NO_DTYPE = "-"
 
 #: The cold check stays near 15 minutes on 2 cores (~3.5 min per module, dtype and arch).
 DEFAULT_TARGETS = ("gptq_marlin:bf16:sm_90", "moe_wna16_marlin:fp16:sm_80")
-#: Added when the patched templates carry a Turing (SM75) code path.
-TURING_TARGETS = ("gptq_marlin:fp16:sm_75", "moe_wna16_marlin:fp16:sm_75")
-#: How a Turing path shows in the templates: an explicit 750 arch guard or a named marker.
-TURING_MARKER = re.compile(r"__CUDA_ARCH__\s*(?:>=|==|<|>)\s*750|MARLIN_SM75|MARLIN_TURING")
+#: Added when the patched templates carry a Turing (SM75) code path (the repacks take ~6 s each).
+TURING_TARGETS = (
+    "gptq_marlin:fp16:sm_75",
+    "moe_wna16_marlin:fp16:sm_75",
+    "gptq_marlin_repack:-:sm_75",
+    "awq_marlin_repack:-:sm_75",
+)
+#: How a Turing path shows in the templates: an arch guard at 750 that moves a threshold
+#: (``< 750`` stubs, ``>= 750`` helpers) or a named marker. ``== 750`` alone is not one:
+#: upstream 0.5.23's MoE template has an ``__CUDA_ARCH__ == 750`` shuffle fallback for
+#: ``__reduce_add_sync`` while every kernel body is still stubbed below SM80.
+TURING_MARKER = re.compile(
+    r"__CUDA_ARCH__\s*(?:>=|<|>)\s*750\b|mma_m16n8k16_sm75|MARLIN_SM75|MARLIN_TURING"
+)
 
 ENV_TARGETS = "FP4SERIES_COMPILE_TARGETS"  # comma list overriding the default targets
 ENV_JOBS = "FP4SERIES_COMPILE_JOBS"  # concurrent nvcc builds (capped at 2)
@@ -55,37 +83,51 @@ MAX_JOBS = 2
 
 @dataclass(frozen=True)
 class Target:
-    """One JIT module build: kernel family, activation dtype, GPU arch (``sm_90``, ``sm_90a``)."""
+    """One JIT module build: module, activation dtype, GPU arch (``sm_90``, ``sm_90a``), and
+    the loader's boolean parameters to set (``MODULE:DTYPE:ARCH[:FLAG+FLAG]``, e.g.
+    ``moe_wna16_marlin:fp16:sm_75:expert_ids_are_sorted+has_inactive_prefix_count``); every
+    other boolean parameter without a default is False, the rest keep their defaults."""
 
     module: str
     dtype: str
     arch: str
+    flags: tuple[str, ...] = ()
 
     @classmethod
     def parse(cls, text: str) -> Target:
         parts = text.strip().split(":")
-        if len(parts) != 3:
+        if len(parts) not in (3, 4):
             raise SeriesError(
                 f"bad compile target {text!r}",
-                hint="write MODULE:DTYPE:ARCH, e.g. gptq_marlin:bf16:sm_90",
+                hint="write MODULE:DTYPE:ARCH[:FLAG+FLAG], e.g. gptq_marlin:bf16:sm_90",
             )
-        module, dtype, arch = parts
+        module, dtype, arch = parts[:3]
+        flags = tuple(f for f in parts[3].split("+") if f) if len(parts) == 4 else ()
         if module not in MODULES:
             raise SeriesError(
                 f"unknown JIT module {module!r} in compile target {text!r}",
                 hint=f"use one of {', '.join(MODULES)}",
             )
-        if dtype not in DTYPES:
+        if dtype not in (*DTYPES, NO_DTYPE):
             raise SeriesError(
-                f"unknown activation dtype {dtype!r} in {text!r}", hint="use fp16 or bf16"
+                f"unknown activation dtype {dtype!r} in {text!r}",
+                hint=f"use fp16 or bf16 ({NO_DTYPE} for a module without one, e.g. a repack)",
             )
         if not re.fullmatch(r"sm_\d{2,3}[af]?", arch):
             raise SeriesError(f"bad arch {arch!r} in {text!r}", hint="write e.g. sm_80 or sm_90a")
-        return cls(module, dtype, arch)
+        for flag in flags:
+            if not re.fullmatch(r"[A-Za-z_]\w*", flag):
+                raise SeriesError(
+                    f"bad loader flag {flag!r} in {text!r}",
+                    hint="flags are the loader's parameter names, joined by +",
+                )
+        return cls(module, dtype, arch, flags)
 
     @property
     def name(self) -> str:
-        return f"{self.module}-{self.dtype}-{self.arch}"
+        dtype = "nodtype" if self.dtype == NO_DTYPE else self.dtype
+        extra = "-" + "+".join(self.flags) if self.flags else ""
+        return f"{self.module}-{dtype}-{self.arch}{extra}"
 
     @property
     def major_minor_suffix(self) -> tuple[int, int, str]:
@@ -94,7 +136,8 @@ class Target:
         return int(m.group(1)), int(m.group(2)), m.group(3)
 
     def __str__(self) -> str:
-        return f"{self.module}:{self.dtype}:{self.arch}"
+        extra = ":" + "+".join(self.flags) if self.flags else ""
+        return f"{self.module}:{self.dtype}:{self.arch}{extra}"
 
 
 @dataclass
@@ -105,11 +148,189 @@ class CompileResult:
     detail: str = ""
 
 
+# --------------------------------------------------------------------------------------------
+# Layout discovery (stdlib only: ast over the tree's files, nothing imported)
+
+
+@dataclass(frozen=True)
+class JitModule:
+    """Where one JIT module's loader and sources are, as the tree itself says."""
+
+    name: str  # load_jit's first argument, e.g. "gptq_marlin"
+    py_module: str  # dotted wrapper module, e.g. sglang.kernels.ops.gemm.gptq_marlin
+    loader: str  # the function in it that calls load_jit, e.g. _jit_gptq_marlin_module
+    utils_module: str  # where the wrapper imports load_jit from, e.g. sglang.kernels.jit.utils
+    cuda_files: tuple[str, ...]  # relative to the JIT root's csrc/
+    wrapper: Path
+
+
+@dataclass(frozen=True)
+class JitLayout:
+    sglang_dir: Path
+    root: Path  # holds csrc/ and include/: sglang/jit_kernel or sglang/kernels/jit
+    modules: dict[str, JitModule]
+
+    @property
+    def csrc(self) -> Path:
+        return self.root / "csrc"
+
+    @property
+    def include(self) -> Path:
+        return self.root / "include"
+
+    def module(self, name: str) -> JitModule:
+        if name not in self.modules:
+            raise SeriesError(
+                f"no JIT loader for module {name!r} under {self.sglang_dir}: no function there "
+                f"calls load_jit({name!r}, ...)",
+                hint="this SGLang tree does not build that module; pick other compile targets",
+            )
+        return self.modules[name]
+
+    def module_path(self, dotted: str) -> Path:
+        """The file (``x.py``) or package directory (``x/``) of a dotted module of the tree."""
+        base = self.sglang_dir.parent / Path(*dotted.split("."))
+        return base if base.is_dir() else base.with_suffix(".py")
+
+    def sources(self, name: str) -> list[Path]:
+        """Every file the module's CUDA sources are built from inside the JIT root: the
+        directories of its cuda_files, plus the quoted includes they reach (transitively)."""
+        mod = self.module(name)
+        seen: set[Path] = set()
+        todo: list[Path] = []
+        for rel in mod.cuda_files:
+            folder = (self.csrc / rel).parent
+            todo += [p for p in sorted(folder.glob("*")) if p.is_file()]
+        root = self.root.resolve()
+        while todo:
+            path = todo.pop()
+            path = path.resolve()
+            if path in seen or not path.is_file():
+                continue
+            seen.add(path)
+            for inc in _INCLUDE.findall(path.read_text(errors="replace")):
+                for base in (path.parent, self.csrc, self.include):
+                    cand = (base / inc).resolve()
+                    if cand.is_file() and cand.is_relative_to(root):
+                        todo.append(cand)
+                        break
+        return sorted(seen)
+
+
+_INCLUDE = re.compile(r'^\s*#\s*include\s+"([^"]+)"', re.M)
+_SKIP_DIRS = {"csrc", "include", "tests", "test", "benchmark", "benchmarks", "__pycache__"}
+
+
+def _defines_load_jit(utils: Path) -> bool:
+    files = sorted(utils.rglob("*.py")) if utils.is_dir() else [utils]
+    return any("def load_jit(" in f.read_text(errors="replace") for f in files if f.is_file())
+
+
+def _find_jit_root(sglang_dir: Path) -> Path:
+    candidates = []
+    for folder in sorted([*sglang_dir.glob("*/"), *sglang_dir.glob("*/*/")]):
+        if not ((folder / "csrc").is_dir() and (folder / "include").is_dir()):
+            continue
+        utils = folder / "utils.py" if (folder / "utils.py").is_file() else folder / "utils"
+        if utils.exists() and _defines_load_jit(utils):
+            candidates.append(folder)
+    if len(candidates) != 1:
+        found = ", ".join(str(c.relative_to(sglang_dir)) for c in candidates) or "none"
+        raise SeriesError(
+            f"{sglang_dir} has no single SGLang JIT kernel root (csrc/, include/ and a utils "
+            f"module defining load_jit): found {found}",
+            hint="point the compile check at a checkout's python/sglang (or an installed sglang)",
+        )
+    return candidates[0]
+
+
+def _dotted(path: Path, top: Path) -> str:
+    rel = path.relative_to(top).with_suffix("")
+    parts = list(rel.parts)
+    if parts[-1] == "__init__":
+        parts.pop()
+    return ".".join(parts)
+
+
+def _import_source(tree: ast.Module, name: str, package: str) -> str | None:
+    """The absolute module a file's top-level ``from X import name`` names (relative resolved)."""
+    for node in tree.body:
+        if isinstance(node, ast.ImportFrom) and any(a.name == name for a in node.names):
+            if node.level == 0:
+                return node.module
+            base = package.split(".")
+            base = base[: len(base) - node.level + 1]
+            return ".".join([*base, *([node.module] if node.module else [])])
+    return None
+
+
+def _scan_wrapper(path: Path, sglang_dir: Path) -> list[JitModule]:
+    text = path.read_text(errors="replace")
+    if "load_jit" not in text:
+        return []
+    try:
+        tree = ast.parse(text)
+    except SyntaxError:
+        return []
+    dotted = _dotted(path, sglang_dir.parent)
+    package = dotted if path.name == "__init__.py" else dotted.rpartition(".")[0]
+    utils = _import_source(tree, "load_jit", package)
+    found = []
+    for fn in tree.body:
+        if not isinstance(fn, ast.FunctionDef):
+            continue
+        for node in ast.walk(fn):
+            if not isinstance(node, ast.Call):
+                continue
+            callee = node.func
+            called = callee.id if isinstance(callee, ast.Name) else getattr(callee, "attr", None)
+            if called != "load_jit" or not node.args:
+                continue
+            first = node.args[0]
+            if not (isinstance(first, ast.Constant) and isinstance(first.value, str)):
+                continue
+            cuda: list[str] = []
+            for kw in node.keywords:
+                if kw.arg == "cuda_files" and isinstance(kw.value, ast.List | ast.Tuple):
+                    elts = kw.value.elts
+                    cuda = [e.value for e in elts if isinstance(e, ast.Constant)]
+            if utils is not None:
+                found.append(JitModule(first.value, dotted, fn.name, utils, tuple(cuda), path))
+    return found
+
+
+@functools.lru_cache(maxsize=16)
+def _discover(sglang_dir: Path, stamp: tuple[int, ...]) -> JitLayout:
+    root = _find_jit_root(sglang_dir)
+    modules: dict[str, JitModule] = {}
+    top = root.parent  # pin: sglang/ (wrappers beside jit_kernel/); 0.5.23: sglang/kernels/
+    for path in sorted(top.rglob("*.py")):
+        if _SKIP_DIRS.intersection(path.relative_to(top).parts[:-1]):
+            continue
+        for mod in _scan_wrapper(path, sglang_dir):
+            if mod.name in MODULES and mod.name not in modules:
+                modules[mod.name] = mod
+    return JitLayout(sglang_dir, root, modules)
+
+
+def discover_layout(sglang_dir: Path) -> JitLayout:
+    """The JIT root and the Marlin modules' wrappers of an SGLang tree (cached per tree state)."""
+    sglang_dir = Path(sglang_dir).resolve()
+    try:
+        stamp = (sglang_dir.stat().st_mtime_ns,
+                 *(p.stat().st_mtime_ns for p in sglang_dir.glob("*/") if p.is_dir()))  # fmt: skip
+    except OSError:
+        stamp = ()
+    return _discover(sglang_dir, stamp)
+
+
 def has_turing_path(sglang_dir: Path) -> bool:
-    """True when the patched Marlin templates carry an SM75 code path (patch 9)."""
-    for sub in ("gemm/marlin", "gemm/marlin_moe"):
-        folder = sglang_dir / "jit_kernel" / "csrc" / sub
-        for path in sorted(folder.glob("*")) if folder.is_dir() else []:
+    """True when the Marlin GEMM templates carry an SM75 code path (the series' Turing patch)."""
+    layout = discover_layout(sglang_dir)
+    for name in ("gptq_marlin", "moe_wna16_marlin"):
+        if name not in layout.modules:
+            continue
+        for path in layout.sources(name):
             if path.suffix in {".h", ".cuh", ".cu"} and TURING_MARKER.search(
                 path.read_text(errors="replace")
             ):
@@ -132,8 +353,16 @@ def select_targets(sglang_dir: Path, spec: str | None = None) -> list[Target]:
 
 def _hash_tree(h: hashlib._Hash, root: Path, base: Path) -> None:
     for path in sorted(p for p in root.rglob("*") if p.is_file()):
-        h.update(str(path.relative_to(base)).encode() + b"\0")
-        h.update(hashlib.sha256(path.read_bytes()).digest())
+        _hash_file(h, path, base)
+
+
+def _hash_file(h: hashlib._Hash, path: Path, base: Path) -> None:
+    try:
+        rel = str(path.resolve().relative_to(base.resolve()))
+    except ValueError:
+        rel = str(path)
+    h.update(rel.encode() + b"\0")
+    h.update(hashlib.sha256(path.read_bytes()).digest())
 
 
 def _tool_version(cmd: Sequence[str]) -> str:
@@ -145,15 +374,20 @@ def _tool_version(cmd: Sequence[str]) -> str:
 
 def target_key(target: Target, sglang_dir: Path, python: Path, nvcc: str) -> str:
     """Hash of everything that decides the build: sources, loader, flags, arch, tool versions."""
+    layout = discover_layout(sglang_dir)
+    mod = layout.module(target.module)
     h = hashlib.sha256()
     h.update(f"target={target}\n".encode())
-    jit = sglang_dir / "jit_kernel"
-    _hash_tree(h, jit / "include", sglang_dir)
-    _hash_tree(h, jit / "csrc" / MODULES[target.module][2], sglang_dir)
-    for rel in ("utils.py", f"{target.module}.py"):
-        path = jit / rel
-        if path.is_file():
-            h.update(rel.encode() + b"\0" + path.read_bytes())
+    _hash_tree(h, layout.include, sglang_dir)
+    for path in layout.sources(target.module):
+        _hash_file(h, path, sglang_dir)
+    utils = layout.module_path(mod.utils_module)
+    if utils.is_dir():
+        _hash_tree(h, utils, sglang_dir)
+    elif utils.is_file():
+        _hash_file(h, utils, sglang_dir)
+    _hash_file(h, mod.wrapper, sglang_dir)
+    h.update(f"{mod.py_module}:{mod.loader}:{mod.utils_module}\n".encode())
     h.update(_tool_version([nvcc, "--version"]).encode())
     h.update(
         _tool_version(
@@ -203,10 +437,14 @@ def _run_one(
     env["PYTHONPATH"] = os.pathsep.join(
         [str(sglang_dir.parent), str(Path(__file__).resolve().parents[1])]
     )
+    # ninja (a pip package in the venv) must be found next to the venv's python
+    env["PATH"] = os.pathsep.join([str(Path(python).parent), env.get("PATH", "")])
+    mod = discover_layout(sglang_dir).module(target.module)
     cmd = [
         "nice", "-n", "10", str(python), "-m", "fp4series.compile_check", "worker",
         "--module", target.module, "--dtype", target.dtype, "--arch", target.arch,
-        "--build-dir", str(out_dir),
+        "--build-dir", str(out_dir), "--py-module", mod.py_module, "--loader", mod.loader,
+        "--utils-module", mod.utils_module, *(a for f in target.flags for a in ("--flag", f)),
     ]  # fmt: skip
     proc = subprocess.run(cmd, capture_output=True, text=True, env=env, check=False)
     (out_dir / "worker.log").write_text(proc.stdout + proc.stderr)
@@ -236,11 +474,9 @@ def run_compile_checks(
             "nvcc not found: the Marlin compile check needs the CUDA toolkit",
             hint="install CUDA 13 (nvcc on PATH) or skip with FP4SERIES_COMPILE_TARGETS=none",
         )
-    if not (sglang_dir / "jit_kernel" / "utils.py").is_file():
-        raise SeriesError(
-            f"{sglang_dir} is not an SGLang package with jit_kernel/",
-            hint="point the build at a checkout's python/sglang",
-        )
+    layout = discover_layout(sglang_dir)  # raises when the tree has no JIT root
+    for t in targets:
+        layout.module(t.module)  # ... or lacks a target's loader
     jobs = jobs or int(os.environ.get(ENV_JOBS, str(MAX_JOBS)))
     jobs = max(1, min(jobs, MAX_JOBS))
     print(f"[compile] {len(targets)} target(s), {jobs} at a time, nice 10: "
@@ -265,39 +501,161 @@ def run_compile_checks(
 # Worker: runs inside the test venv (torch + apache-tvm-ffi), imports SGLang, builds one module.
 
 
-def _worker(module: str, dtype: str, arch: str, build_dir: str) -> int:
+def _loader_args(fn: object, torch_dtype: object, flags: Sequence[str]) -> tuple[list, dict]:
+    """Arguments for a module loader: the dtype, True for FLAGS, False for other required
+    booleans; parameters with a default keep it."""
+    import inspect
+
+    try:
+        import torch
+
+        torch_dtype_type: object = torch.dtype
+    except ImportError:  # the parent's tests run without torch; string annotations still work
+        torch_dtype_type = None
+
+    params = inspect.signature(inspect.unwrap(fn)).parameters  # type: ignore[arg-type]
+    unknown = [f for f in flags if f not in params]
+    if unknown:
+        raise SystemExit(f"loader has no parameter(s) {', '.join(unknown)}: {list(params)}")
+    args: list = []
+    kwargs: dict = {}
+    for p in params.values():
+        ann = (
+            p.annotation if isinstance(p.annotation, str) else getattr(p.annotation, "__name__", "")
+        )
+        if p.name == "dtype" or p.annotation is torch_dtype_type or ann in ("torch.dtype", "dtype"):
+            if torch_dtype is None:
+                raise SystemExit(f"the loader needs an activation dtype ({p.name}): use fp16/bf16")
+            args.append(torch_dtype)
+        elif p.name in flags:
+            kwargs[p.name] = True
+        elif p.default is not inspect.Parameter.empty:
+            continue
+        elif p.annotation is bool or ann == "bool":
+            kwargs[p.name] = False
+        else:
+            raise SystemExit(f"cannot fill the loader's parameter {p.name} ({ann or 'untyped'})")
+    return args, kwargs
+
+
+def _worker(
+    module: str,
+    dtype: str,
+    arch: str,
+    build_dir: str,
+    py_module: str | None = None,
+    loader: str | None = None,
+    utils_module: str | None = None,
+    flags: Sequence[str] = (),
+) -> int:
     import importlib
+    import inspect
+
+    out = Path(build_dir)
+    if py_module is None or loader is None or utils_module is None:
+        import sglang  # type: ignore[import-not-found]
+
+        mod = discover_layout(Path(sglang.__file__).parent).module(module)
+        py_module, loader, utils_module = mod.py_module, mod.loader, mod.utils_module
+    # SGLang's own loader (0.5.17+) reads these when it runs: a fresh build into our folder
+    os.environ.setdefault("SGLANG_JIT_CACHE_DIR", str(out / "sglang-jit-cache"))
+    os.environ["SGLANG_JIT_FORCE_RECOMPILE"] = "1"
+    os.environ.setdefault("TVM_FFI_GPU_BACKEND", "cuda")
 
     import torch
-    import tvm_ffi.cpp
-    from sglang.jit_kernel import utils
 
+    utils = importlib.import_module(utils_module)
+    impl = sys.modules[inspect.unwrap(utils.load_jit).__module__]
     built: list[str] = []
+    if hasattr(impl, "_load") and hasattr(getattr(impl, "ninja", None), "build"):
+        # load_jit generates build.ninja and runs it in a staging folder, loads the .so with
+        # tvm_ffi.load_module (_load) and publishes it to its cache. Keep a copy, load nothing.
+        ninja_mod = impl.ninja
+        build_in_staging = ninja_mod.build
 
-    def build_only(name: str, **kwargs: object) -> str:
-        kwargs["build_directory"] = build_dir
-        kwargs.pop("keep_module_alive", None)
-        path = tvm_ffi.cpp.build_inline(name, **kwargs)  # type: ignore[arg-type]
-        built.append(path)
-        return path  # load_jit returns it; nothing is loaded on this GPU-less machine
+        def build_and_keep(*, spec: object, build_dir: Path, build_file: str) -> Path:
+            lib = Path(build_in_staging(spec=spec, build_dir=build_dir, build_file=build_file))
+            shutil.copy2(lib, out / lib.name)
+            shutil.copy2(Path(build_dir) / "build.ninja", out / "build.ninja")
+            built.append(str(out / lib.name))
+            return lib
 
-    tvm_ffi.cpp.load_inline = build_only  # type: ignore[assignment]
-    os.environ.setdefault("TVM_FFI_GPU_BACKEND", "cuda")
+        ninja_mod.build = build_and_keep
+        # SGLang gives one module build 30 minutes (sized for a GPU host); two 3-minute
+        # builds on a shared 2-core CPU machine take longer than that
+        if hasattr(ninja_mod, "_NINJA_TIMEOUT_S"):
+            ninja_mod._NINJA_TIMEOUT_S = max(ninja_mod._NINJA_TIMEOUT_S, 4 * 3600)
+        impl._load = lambda library: str(library)  # nothing is loaded on this GPU-less machine
+    else:
+        import tvm_ffi.cpp
+
+        def build_only(name: str, **kwargs: object) -> str:
+            kwargs["build_directory"] = build_dir
+            kwargs.pop("keep_module_alive", None)
+            path = tvm_ffi.cpp.build_inline(name, **kwargs)  # type: ignore[arg-type]
+            built.append(path)
+            return path  # load_jit returns it; nothing is loaded on this GPU-less machine
+
+        tvm_ffi.cpp.load_inline = build_only  # type: ignore[assignment]
     m = re.fullmatch(r"sm_(\d+)(\d)([af]?)", arch)
     assert m is not None
-    py_module, loader, _ = MODULES[module]
     wrapper = importlib.import_module(py_module)
-    torch_dtype = {"fp16": torch.float16, "bf16": torch.bfloat16}[dtype]
+    fn = getattr(wrapper, loader)
+    torch_dtype = (
+        None if dtype == NO_DTYPE else {"fp16": torch.float16, "bf16": torch.bfloat16}[dtype]
+    )
+    args, kwargs = _loader_args(fn, torch_dtype, flags)
+    if torch_dtype is not None and not args:
+        print(f"note: {py_module}.{loader} takes no activation dtype; {dtype} ignored")
     with utils.override_jit_cuda_arch(int(m.group(1)), int(m.group(2)), m.group(3)):
-        getattr(wrapper, loader)(torch_dtype)
+        fn(*args, **kwargs)
     if not built or not Path(built[0]).is_file():
         print(f"no shared object was built for {module}:{dtype}:{arch}", file=sys.stderr)
         return 1
-    ninja = Path(build_dir) / "build.ninja"
-    flags = [ln for ln in ninja.read_text().splitlines() if ln.startswith("cuda_cflags")]
-    print(flags[0] if flags else "")
+    ninja = out / "build.ninja"
+    flag_lines = [ln for ln in ninja.read_text().splitlines()
+                  if ln.startswith(("cuda_cflags", "cudaflags"))]  # fmt: skip
+    shown = [*map(str, args), *(f"{k}={v}" for k, v in kwargs.items())]
+    print(f"loader: {py_module}.{loader}({', '.join(shown)})")
+    print(flag_lines[0] if flag_lines else "")
     print(f"built {built[0]} ({Path(built[0]).stat().st_size} bytes)")
     return 0
+
+
+def _find_cuobjdump(python: Path | None = None) -> str | None:
+    """cuobjdump from PATH, the toolkit, or the one triton ships (the CPU image's CUDA 13
+    toolkit has nvcc but no cuobjdump)."""
+    found = shutil.which("cuobjdump")
+    if found:
+        return found
+    cands = [Path(find_cuda_home(shutil.which("nvcc") or "nvcc")) / "bin" / "cuobjdump"]
+    for base in {Path(sys.prefix), *([Path(python).parent.parent] if python else [])}:
+        cands += sorted(
+            base.glob("lib/python3*/site-packages/triton/backends/nvidia/bin/cuobjdump")
+        )
+    return next((str(c) for c in cands if c.is_file()), None)
+
+
+def sass_summary(library: Path, cuobjdump: str | None = None) -> dict[str, int]:
+    """Counts of the instructions that tell the SM75 path from the SM80 one in a built module:
+    HMMA.1688 (mma m16n8k8), HMMA.16816 (m16n8k16, SM80+), LDGSTS (cp.async, SM80+), and
+    the number of kernels with code."""
+    tool = cuobjdump or _find_cuobjdump()
+    if tool is None:
+        return {"error": "no cuobjdump (CUDA toolkit bin/, PATH, or triton's copy)"}  # type: ignore[dict-item]
+    text = subprocess.run([tool, "-sass", str(library)], capture_output=True, text=True,
+                          check=True).stdout  # fmt: skip
+    sizes = [len(re.findall(r"^\s+/\*[0-9a-f]{4,}\*/", body, re.M))
+             for body in re.split(r"^\s*Function : ", text, flags=re.M)[1:]]  # fmt: skip
+    return {
+        "kernels": len(sizes),
+        # an empty stub (the template below its arch) is EXIT plus padding: a handful of words
+        "empty_kernels": sum(1 for n in sizes if n <= 16),
+        "HMMA.1688": len(re.findall(r"HMMA\.1688", text)),
+        "HMMA.16816": len(re.findall(r"HMMA\.16816", text)),
+        "LDGSTS": len(re.findall(r"\bLDGSTS\b", text)),
+        "arch": sorted(set(re.findall(r"arch = (sm_\d+\w?)", text))),  # type: ignore[dict-item]
+    }
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -305,11 +663,41 @@ def main(argv: Sequence[str] | None = None) -> int:
     sub = parser.add_subparsers(dest="cmd", required=True)
     w = sub.add_parser("worker", help="(internal) build one JIT module in this interpreter")
     w.add_argument("--module", required=True, choices=sorted(MODULES))
-    w.add_argument("--dtype", required=True, choices=DTYPES)
+    w.add_argument("--dtype", required=True, choices=(*DTYPES, NO_DTYPE))
     w.add_argument("--arch", required=True)
     w.add_argument("--build-dir", required=True)
+    w.add_argument("--py-module")
+    w.add_argument("--loader")
+    w.add_argument("--utils-module")
+    w.add_argument("--flag", action="append", default=[])
+    c = sub.add_parser("check", help="compile-check Marlin JIT modules of any SGLang tree")
+    c.add_argument("--sglang-dir", required=True, help="the tree's python/sglang")
+    c.add_argument("--python", required=True, help="a venv python with torch + apache-tvm-ffi")
+    c.add_argument("--targets", help="comma list MODULE:DTYPE:ARCH[:FLAG+FLAG] "
+                   "(default: as the build's compile check)")  # fmt: skip
+    c.add_argument("--cache-dir", default=".work/cache/compile")
+    c.add_argument("--build-root", default=".work/build/jit")
+    c.add_argument("--force", action="store_true", help="ignore the stamps")
+    c.add_argument("--sass", action="store_true", help="print a SASS summary of each build")
     args = parser.parse_args(argv)
-    return _worker(args.module, args.dtype, args.arch, args.build_dir)
+    if args.cmd == "worker":
+        return _worker(args.module, args.dtype, args.arch, args.build_dir,
+                       args.py_module, args.loader, args.utils_module, args.flag)  # fmt: skip
+    sglang_dir = Path(args.sglang_dir)
+    targets = select_targets(sglang_dir, args.targets)
+    results = run_compile_checks(
+        targets, python=Path(args.python), sglang_dir=sglang_dir,
+        cache_dir=Path(args.cache_dir), build_root=Path(args.build_root), force=args.force,
+    )  # fmt: skip
+    for r in results:
+        line = f"{r.target}: {r.status} in {r.seconds:.1f}s"
+        if args.sass and r.status != "failed":
+            libs = sorted((Path(args.build_root) / r.target.name).glob("*.so"))
+            if libs:
+                tool = _find_cuobjdump(Path(args.python))
+                line += f" {libs[0].name} {json.dumps(sass_summary(libs[0], tool))}"
+        print(line, flush=True)
+    return 1 if any(r.status == "failed" for r in results) else 0
 
 
 if __name__ == "__main__":

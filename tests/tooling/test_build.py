@@ -238,7 +238,13 @@ def fake_sglang(root: Path, template: str = "// v1\n") -> Path:
     sg = root / "site" / "sglang"
     for sub in ("include", "csrc/gemm/marlin", "csrc/gemm/marlin_moe"):
         (sg / "jit_kernel" / sub).mkdir(parents=True, exist_ok=True)
-    (sg / "jit_kernel" / "utils.py").write_text("# loader\n")
+    (sg / "jit_kernel" / "utils.py").write_text("def load_jit(*args, **kwargs): ...\n")
+    for name, sub in (("gptq_marlin", "marlin"), ("moe_wna16_marlin", "marlin_moe")):
+        (sg / "jit_kernel" / f"{name}.py").write_text(
+            "from sglang.jit_kernel.utils import load_jit\n"
+            f"def _jit_{name}_module(dtype):\n"
+            f"    return load_jit({name!r}, cuda_files=['gemm/{sub}/{name}.cuh'])\n"
+        )
     (sg / "jit_kernel" / "csrc/gemm/marlin/marlin_template.h").write_text(template)
     (sg / "jit_kernel" / "csrc/gemm/marlin_moe/marlin_template.h").write_text("// moe\n")
     return sg

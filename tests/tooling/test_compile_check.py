@@ -1,0 +1,225 @@
+"""The compile check on both SGLang source layouts: the pin's ``jit_kernel/`` and the
+``kernels/jit/`` + ``kernels/ops/`` of 0.5.17+ (0.5.23), discovered from the tree itself."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from fp4series import compile_check
+from fp4series.errors import SeriesError
+
+WRAPPER = """from __future__ import annotations
+
+import torch
+
+from {utils} import cache_once, load_jit, make_cpp_args
+
+
+@cache_once
+def {loader}({params}):
+    args = make_cpp_args(dtype)
+    return load_jit(
+        {name!r},
+        *args,
+        cuda_files=[{cuda!r}],
+        cuda_wrappers=[("f", "f")],
+    )
+"""
+
+
+def fake_0523(root: Path) -> Path:
+    """A tree shaped like 0.5.23: kernels/jit/{csrc,include,utils/}, wrappers in kernels/ops/."""
+    sg = root / "v0523" / "python" / "sglang"
+    jit = sg / "kernels" / "jit"
+    for sub in ("include/sgl_kernel", "csrc/gemm/marlin", "csrc/gemm/marlin_moe",
+                "utils/compile"):  # fmt: skip
+        (jit / sub).mkdir(parents=True, exist_ok=True)
+    (jit / "__init__.py").write_text("")
+    (jit / "utils" / "__init__.py").write_text(
+        "from sglang.kernels.jit.utils.compile.loader import load_jit\n"
+    )
+    (jit / "utils" / "compile" / "loader.py").write_text("def load_jit(*args, **kw): ...\n")
+    (jit / "include/sgl_kernel/utils.cuh").write_text("// utils\n")
+    marlin, moe = jit / "csrc/gemm/marlin", jit / "csrc/gemm/marlin_moe"
+    (marlin / "marlin.cuh").write_text("#include <sgl_kernel/utils.cuh>\n// helpers\n")
+    (marlin / "marlin_template.h").write_text('#include "marlin.cuh"\n')
+    (marlin / "gptq_marlin.cuh").write_text('#include "marlin_template.h"\n')
+    (moe / "marlin_template.h").write_text(
+        '#include "../marlin/marlin.cuh"\n'
+        "#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ == 750\n// shfl fallback\n#endif\n"
+    )
+    (moe / "moe_wna16_marlin.cuh").write_text('#include "marlin_template.h"\n')
+    ops = sg / "kernels" / "ops"
+    for sub, name, loader, params, cuda in (
+        ("gemm", "gptq_marlin", "_jit_gptq_marlin_module", "dtype: torch.dtype",
+         "gemm/marlin/gptq_marlin.cuh"),
+        ("moe", "moe_wna16_marlin", "_jit_moe_wna16_marlin_module",
+         "dtype: torch.dtype, is_ep: bool, has_bias: bool, expert_ids_are_sorted: bool = False",
+         "gemm/marlin_moe/moe_wna16_marlin.cuh"),
+    ):  # fmt: skip
+        (ops / sub).mkdir(parents=True, exist_ok=True)
+        (ops / sub / f"{name}.py").write_text(
+            WRAPPER.format(
+                utils="sglang.kernels.jit.utils", loader=loader, params=params, name=name, cuda=cuda
+            )  # fmt: skip
+        )
+    # a benchmark that also calls load_jit("gptq_marlin") is not the wrapper
+    (jit / "benchmark").mkdir()
+    (jit / "benchmark" / "bench_gptq.py").write_text(
+        "from sglang.kernels.jit.utils import load_jit\n"
+        "def f():\n    return load_jit('gptq_marlin', cuda_files=['x.cuh'])\n"
+    )
+    return sg
+
+
+def fake_pin(root: Path) -> Path:
+    sg = root / "pin" / "python" / "sglang"
+    jit = sg / "jit_kernel"
+    for sub in ("include", "csrc/gemm/marlin", "csrc/gemm/marlin_moe"):
+        (jit / sub).mkdir(parents=True, exist_ok=True)
+    (jit / "utils.py").write_text("def load_jit(*args, **kw): ...\n")
+    (jit / "csrc/gemm/marlin/gptq_marlin.cuh").write_text("// dense\n")
+    (jit / "gptq_marlin.py").write_text(
+        WRAPPER.format(
+            utils="sglang.jit_kernel.utils",
+            loader="_jit_gptq_marlin_module",
+            params="dtype: torch.dtype",
+            name="gptq_marlin",
+            cuda="gemm/marlin/gptq_marlin.cuh",
+        )  # fmt: skip
+    )
+    return sg
+
+
+def test_discovers_the_0523_layout(tmp_path: Path) -> None:
+    layout = compile_check.discover_layout(fake_0523(tmp_path))
+    assert layout.root.name == "jit" and layout.root.parent.name == "kernels"
+    dense, moe = layout.module("gptq_marlin"), layout.module("moe_wna16_marlin")
+    assert (dense.py_module, dense.loader, dense.utils_module) == (
+        "sglang.kernels.ops.gemm.gptq_marlin", "_jit_gptq_marlin_module",
+        "sglang.kernels.jit.utils",
+    )  # fmt: skip
+    assert moe.py_module == "sglang.kernels.ops.moe.moe_wna16_marlin"
+    assert moe.cuda_files == ("gemm/marlin_moe/moe_wna16_marlin.cuh",)
+    # the MoE module is built from its folder plus the dense helpers it includes
+    names = {p.relative_to(layout.csrc).as_posix() for p in layout.sources("moe_wna16_marlin")}
+    assert names == {"gemm/marlin_moe/marlin_template.h", "gemm/marlin_moe/moe_wna16_marlin.cuh",
+                     "gemm/marlin/marlin.cuh"}  # fmt: skip
+    assert layout.module_path(dense.utils_module).is_dir()
+    with pytest.raises(SeriesError, match="no JIT loader for module 'awq_marlin_repack'"):
+        layout.module("awq_marlin_repack")
+
+
+def test_discovers_the_pin_layout(tmp_path: Path) -> None:
+    layout = compile_check.discover_layout(fake_pin(tmp_path))
+    assert layout.root.name == "jit_kernel"
+    dense = layout.module("gptq_marlin")
+    assert (dense.py_module, dense.utils_module) == (
+        "sglang.jit_kernel.gptq_marlin", "sglang.jit_kernel.utils",
+    )  # fmt: skip
+    assert layout.module_path(dense.utils_module).name == "utils.py"
+
+
+def test_a_tree_without_a_jit_root_is_refused(tmp_path: Path) -> None:
+    (tmp_path / "sglang" / "srt").mkdir(parents=True)
+    with pytest.raises(SeriesError, match="no single SGLang JIT kernel root"):
+        compile_check.discover_layout(tmp_path / "sglang")
+
+
+def test_upstream_0523_shuffle_fallback_is_not_a_turing_path(tmp_path: Path) -> None:
+    sg = fake_0523(tmp_path)
+    assert not compile_check.has_turing_path(sg)  # only `__CUDA_ARCH__ == 750`
+    assert compile_check.select_targets(sg, None) == [
+        compile_check.Target.parse(t) for t in compile_check.DEFAULT_TARGETS
+    ]
+    marlin = sg / "kernels/jit/csrc/gemm/marlin/marlin.cuh"
+    marlin.write_text(marlin.read_text() + "#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ < 750\n")
+    assert compile_check.has_turing_path(sg)
+    names = [str(t) for t in compile_check.select_targets(sg, None)]
+    assert names == [*compile_check.DEFAULT_TARGETS, *compile_check.TURING_TARGETS]
+
+
+def test_keys_follow_the_include_closure(tmp_path: Path) -> None:
+    sg = fake_0523(tmp_path)
+    py, nvcc = Path("/nonexistent/python"), "/nonexistent/nvcc"
+    dense = compile_check.Target.parse("gptq_marlin:fp16:sm_75")
+    moe = compile_check.Target.parse("moe_wna16_marlin:fp16:sm_75")
+
+    def keys() -> tuple[str, str]:
+        return (compile_check.target_key(dense, sg, py, nvcc),
+                compile_check.target_key(moe, sg, py, nvcc))  # fmt: skip
+
+    k0 = keys()
+    (sg / "kernels/jit/csrc/gemm/marlin_moe/marlin_template.h").write_text("// moe v2\n")
+    k1 = keys()
+    assert k1[0] == k0[0] and k1[1] != k0[1]  # not an input of the dense module
+    (sg / "kernels/jit/csrc/gemm/marlin_moe/marlin_template.h").write_text(
+        '#include "../marlin/marlin.cuh"\n'
+    )
+    k2 = keys()
+    (sg / "kernels/jit/csrc/gemm/marlin/marlin.cuh").write_text("// helpers v2\n")
+    k3 = keys()
+    assert k3[0] != k2[0] and k3[1] != k2[1]  # included by both
+    (sg / "kernels/jit/utils/compile/loader.py").write_text("def load_jit(*a, **k): return 1\n")
+    k4 = keys()
+    assert k4[0] != k3[0] and k4[1] != k3[1]  # the loader package decides the flags
+
+
+def test_target_flags_and_dtype_less_modules() -> None:
+    t = compile_check.Target.parse("moe_wna16_marlin:fp16:sm_75:expert_ids_are_sorted+has_bias")
+    assert t.flags == ("expert_ids_are_sorted", "has_bias")
+    assert t.name == "moe_wna16_marlin-fp16-sm_75-expert_ids_are_sorted+has_bias"
+    assert str(compile_check.Target.parse(str(t))) == str(t)
+    r = compile_check.Target.parse("gptq_marlin_repack:-:sm_75")
+    assert r.name == "gptq_marlin_repack-nodtype-sm_75"
+    with pytest.raises(SeriesError, match="bad loader flag"):
+        compile_check.Target.parse("moe_wna16_marlin:fp16:sm_75:not-a-name")
+
+
+def test_loader_arguments() -> None:
+    dtype = object()
+
+    def moe(dtype: torch.dtype, is_ep: bool, has_bias: bool,  # noqa: F821
+            expert_ids_are_sorted: bool = False) -> None: ...  # fmt: skip
+
+    assert compile_check._loader_args(moe, dtype, ()) == (
+        [dtype], {"is_ep": False, "has_bias": False},
+    )  # fmt: skip
+    args, kwargs = compile_check._loader_args(moe, dtype, ("expert_ids_are_sorted",))
+    assert kwargs == {"is_ep": False, "has_bias": False, "expert_ids_are_sorted": True}
+
+    def repack() -> None: ...
+
+    assert compile_check._loader_args(repack, None, ()) == ([], {})
+    with pytest.raises(SystemExit, match="needs an activation dtype"):
+        compile_check._loader_args(moe, None, ())
+    with pytest.raises(SystemExit, match="no parameter"):
+        compile_check._loader_args(moe, dtype, ("zero_inactive_output",))
+
+
+def test_worker_gets_the_discovered_loader(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    sg = fake_0523(tmp_path)
+    log = tmp_path / "calls.log"
+    py = tmp_path / "fakepy"
+    py.write_text(f'#!/bin/sh\necho "$@" >> {log}\necho built\n')
+    nvcc = tmp_path / "nvcc"
+    nvcc.write_text("#!/bin/sh\necho 'Cuda compilation tools, release 13.0'\n")
+    for f in (py, nvcc):
+        f.chmod(0o755)
+    monkeypatch.setattr(compile_check.shutil, "which", lambda name: str(nvcc))
+    targets = [compile_check.Target.parse("moe_wna16_marlin:fp16:sm_75:expert_ids_are_sorted")]
+    kw = {"python": py, "sglang_dir": sg, "cache_dir": tmp_path / "cache",
+          "build_root": tmp_path / "jit"}  # fmt: skip
+    assert [r.status for r in compile_check.run_compile_checks(targets, **kw)] == ["built"]
+    call = log.read_text()
+    assert "worker --module moe_wna16_marlin --dtype fp16 --arch sm_75" in call
+    assert "--py-module sglang.kernels.ops.moe.moe_wna16_marlin" in call
+    assert "--loader _jit_moe_wna16_marlin_module --utils-module sglang.kernels.jit.utils" in call
+    assert "--flag expert_ids_are_sorted" in call
+    assert [r.status for r in compile_check.run_compile_checks(targets, **kw)] == ["cached"]
+    with pytest.raises(SeriesError, match="no JIT loader"):
+        compile_check.run_compile_checks(
+            [compile_check.Target.parse("awq_marlin_repack:-:sm_75")], **kw
+        )
