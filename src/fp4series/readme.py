@@ -77,7 +77,7 @@ def line_table(root: Path, version: str) -> str:
     if drops.is_file():
         gone = []
         for st in parse_dropped(drops).stanzas:
-            how = "by hand" if st.get("Resolution") else "by the rebase check"
+            how = "by hand" if st.get("Resolution") else "as judged upstream"
             gone.append((st.get("Patch").split("-", 1)[0], st.get("Applied-Upstream") or "?",
                          f"{st.get('Verdict')}, dropped {how}"))  # fmt: skip
         text += "\nDropped (`" + str(drops.relative_to(root)) + "`):\n\n"
