@@ -1074,6 +1074,12 @@ def cmd_split(args: argparse.Namespace) -> int:
     (out_dir / "summary.json").write_text(json.dumps(summary, indent=2) + "\n")
     print(f"\nRecord: {out_dir / RECORD_FILE}")
     print("\nNothing was pushed. To open the PRs (in dependency order):")
+    newest = lock.lines[-1].version if lock.lines else None
+    if newest and not args.line and args.base in ("pin", lock.pin.version):
+        print(
+            f"  (these branches are on the pin {lock.pin.tag}; upstream takes PRs on its newest "
+            f"release: scripts/split.sh --line {newest} REPO makes them on v{newest})"
+        )
     for r in results:
         if r.ok and r.description is not None:
             for c in push_commands(repo, r, r.description, args.remote):
