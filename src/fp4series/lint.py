@@ -484,6 +484,7 @@ def cross_check(
     if release is None:
         out.notes.append(f"Upstream-Status cross-check skipped: {shown} checked no release")
         return out
+    carried: list[str] = []
     for patch in patches:
         where = _display(patch.path)
         if patch.name not in data["patches"]:
@@ -521,10 +522,7 @@ def cross_check(
                 )
             )
         elif verdict == "partly-upstream" and release in lines:
-            out.notes.append(
-                f"{patch.name}: partly upstream on {release} per {shown}; the {release} line "
-                f"(patches/{release}) carries what upstream still lacks"
-            )
+            carried.append(patch.name.split("-", 1)[0])
         elif verdict == "partly-upstream":
             out.warnings.append(
                 Problem(
@@ -534,6 +532,11 @@ def cross_check(
                     "or later must carry it shrunk to what upstream still lacks",
                 )
             )
+    if carried:
+        out.notes.append(
+            f"partly upstream on {release} per {shown}: {', '.join(carried)}; the {release} line "
+            f"(patches/{release}) carries what upstream still lacks"
+        )
     return out
 
 

@@ -9,14 +9,14 @@ from pathlib import Path
 
 import torch
 
-DATA_DIR = Path(__file__).parent / "data"
+DATA_DIR = Path(__file__).parents[1] / "data" / "nvfp4-configs"
 
 
 @dataclass(frozen=True)
 class Checkpoint:
     key: str
     quantization: str  # what SGLang's model config detects for this checkpoint
-    directory: str  # under data/
+    directory: str  # under tests/data/nvfp4-configs
     moe: bool
     prefix: str  # a realistic layer prefix of that model
 

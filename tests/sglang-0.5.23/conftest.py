@@ -27,7 +27,7 @@ import pytest
 import torch
 
 HERE = Path(__file__).parent
-DATA_DIR = HERE / "data"
+DATA_DIR = HERE.parent / "data" / "nvfp4-configs"
 
 DEVICE_NAMES: dict[tuple[int, int], str] = {
     (7, 0): "Tesla V100-SXM2-32GB",

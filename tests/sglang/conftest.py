@@ -19,7 +19,7 @@ from pathlib import Path
 import pytest
 import torch
 
-DATA_DIR = Path(__file__).parent / "data"
+DATA_DIR = Path(__file__).parents[1] / "data" / "nvfp4-configs"
 
 # Capability -> a device name of that generation (only used for messages/logs).
 DEVICE_NAMES: dict[tuple[int, int], str] = {

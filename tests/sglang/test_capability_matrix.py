@@ -31,7 +31,7 @@ from sglang.srt.layers.moe.fused_moe_triton import FusedMoE
 from sglang.srt.layers.quantization import fp4_utils
 from sglang.srt.model_loader.weight_utils import get_quant_config
 
-DATA_DIR = Path(__file__).parent / "data"
+DATA_DIR = Path(__file__).parents[1] / "data" / "nvfp4-configs"
 
 # --------------------------------------------------------------------------
 # The axes
@@ -60,7 +60,7 @@ DTYPES = {"fp16": torch.float16, "bf16": torch.bfloat16}
 class Checkpoint:
     key: str
     quantization: str  # what SGLang's model config detects for this checkpoint
-    directory: str  # under tests/sglang/data
+    directory: str  # under tests/data/nvfp4-configs
     moe: bool
     prefix: str  # a realistic layer prefix of that model
 

@@ -196,7 +196,9 @@ def test_partly_upstream_is_a_note_once_a_line_on_that_release_carries_it(env: E
     )
     assert len(alone.warnings) == 1 and not alone.problems
     assert not carried.warnings and not carried.problems
-    assert any("the 0.5.23 line (patches/0.5.23) carries" in n for n in carried.notes)
+    (note,) = [n for n in carried.notes if "carries" in n]
+    assert note.startswith("partly upstream on 0.5.23 per m.json: 0002;")
+    assert "the 0.5.23 line (patches/0.5.23) carries what upstream still lacks" in note
 
 
 @pytest.mark.parametrize("value", ["Submitted [sgl-project/sglang#26001]", "Denied"])
