@@ -26,7 +26,8 @@ def test_the_committed_readme_is_current() -> None:
 def project(tmp_path: Path) -> Path:
     for rel in ("patches", "reports/h200"):
         shutil.copytree(REPO / rel, tmp_path / rel)
-    shutil.copy2(REPO / "README.md", tmp_path / "README.md")
+    for rel in ("README.md", "upstream.lock"):  # the lock names the lines (line-V blocks)
+        shutil.copy2(REPO / rel, tmp_path / rel)
     return tmp_path
 
 
@@ -64,6 +65,20 @@ def test_a_patch_subject_change_shows_in_the_series_table(project: Path) -> None
     new, changed = readme.render((project / "README.md").read_text(), project)
     assert changed == ["series"]
     assert "Marlin: read FP4 block scales with the byte stride (dense)" in new
+
+
+def test_a_line_block_shows_its_patches_sources_and_drops(project: Path) -> None:
+    table = readme.line_table(project, "0.5.23")
+    assert (
+        "| 1 | NVFP4 Marlin: add the linear bias in its original order | 0004 | Pending |" in table
+    )
+    assert "| 0003 | 0.5.13 | upstream, dropped as judged upstream |" in table
+    dropped = project / "patches" / "0.5.23" / "dropped"
+    dropped.write_text(
+        dropped.read_text().replace("Applied-Upstream: 0.5.13", "Applied-Upstream: 9.9.9")
+    )
+    new, changed = readme.render((project / "README.md").read_text(), project)
+    assert changed == ["line-0.5.23"] and "| 9.9.9 |" in new
 
 
 def test_unknown_block_is_an_error(tmp_path: Path) -> None:
