@@ -546,8 +546,8 @@ def build(
     size = built.stat().st_size / 1e6
     print(f"  wheel    {built} ({size:.1f} MB, version {built.name.split('-')[1]})")
     print(f"  venv     {line.venv} (python {py})")
-    for line in compile_lines:
-        print(f"  jit      {line}")
+    for row in compile_lines:
+        print(f"  jit      {row}")
     print("[build] step times:\n" + steps.summary(), flush=True)
     if failed:
         raise SeriesError(

@@ -22,6 +22,7 @@ Public API (stable):
     resolve_line(version=None, *, lock_path=None, root=None) -> Line
     line_versions(lock) -> list[str]       the pin's version, then every [[lines]] version
     add_line_option(parser)                ``--line VERSION`` (default: the pin)
+    ``python -m fp4series.line work VERSION``  prints the line's scratch dir (scripts/lib/line.sh)
     line_of_patches_dir(path, root) -> str | None   the line a patches directory belongs to
     Line: version, lock (``lock.pin`` is the line's release), patches_dir, work, is_pin,
           rebased_from; release, tag, venv, checkout, build_dir, prefix_dir, results_dir,
@@ -31,11 +32,12 @@ Public API (stable):
 from __future__ import annotations
 
 import argparse
+import sys
 from dataclasses import dataclass
 from pathlib import Path
 
 from fp4series import paths
-from fp4series.errors import SeriesError
+from fp4series.errors import SeriesError, report
 from fp4series.lock import Lock, Release, load_lock
 
 PIN_SUITES = ("tests/tooling", "tests/sglang", "tests/serve", "tests/gpu")
@@ -162,3 +164,21 @@ def add_line_option(parser: argparse.ArgumentParser) -> None:
         help="the series line to act on: the pin's (default) or a maintained line "
         "(upstream.lock [[lines]], e.g. 0.5.23 = patches/0.5.23)",
     )
+
+
+def main(argv: list[str] | None = None) -> int:
+    """``work VERSION``: the line's scratch directory, for the shell entry points."""
+    args = sys.argv[1:] if argv is None else argv
+    if len(args) != 2 or args[0] != "work":
+        print("usage: python -m fp4series.line work VERSION", file=sys.stderr)
+        return 2
+    try:
+        print(resolve_line(args[1]).work)
+    except SeriesError as exc:
+        report(exc)
+        return exc.exit_code
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -79,6 +79,13 @@ SCRATCH_OUT = "out"
 def cmd_rebase(args: argparse.Namespace) -> int:
     root = paths.project_root()
     base = root / ".work" / "rebase"
+    starting = [o for o in ("line", "source_patches", "out", "lock") if getattr(args, o)]
+    if not args.to and starting:
+        flags = ", ".join("--" + o.replace("_", "-") for o in starting)
+        raise SeriesError(
+            f"{flags} only go with --to: a rebase in progress keeps what it was started with",
+            hint=f"{SCRIPT} --status shows it",
+        )
     if args.status:
         return _status(base)
     if args.check and not args.to:
@@ -145,13 +152,26 @@ def _start(root: Path, base: Path, args: argparse.Namespace) -> int:
             "verified (and the rebase writes nothing to the lock before its end)",
             hint=f"record it first: scripts/rebase-check.sh --releases {version}",
         )
+    from fp4series.line import resolve_line
+
+    if args.source_patches and args.line:
+        raise SeriesError(
+            "--source-patches and --line both name the series to rebase", hint="give one of them"
+        )
+    entry = lock.line(version)
     if args.source_patches:
         source = Path(args.source_patches)
-    else:  # --line: the line to rebase (default: the pin's, patches/)
-        from fp4series.line import resolve_line
-
-        source = resolve_line(args.line, lock_path=lock_path, root=root).patches_dir
-    out = Path(args.out) if args.out else paths.default_patches_dir() / version
+    else:  # --line: the line to rebase (default: the one the committed line was made from)
+        made_from = args.line or (entry.rebased_from if entry is not None else None)
+        source = resolve_line(made_from, lock_path=lock_path, root=root).patches_dir
+    default_out = lock_path.resolve().parent / "patches" / version
+    out = Path(args.out) if args.out else default_out
+    if out.resolve() != default_out:
+        raise SeriesError(
+            f"--out {out}: a line on {version} lives in {default_out} (the [[lines]] entry of "
+            f"{lock_path} can name nothing else)",
+            hint="leave out --out; to try a rebase without touching the project, use --check",
+        )
     source_version = _source_version(source, lock, root)
     order = [lock.pin.version, *(t.version for t in lock.targets)]
     if order.index(version) <= order.index(source_version):
@@ -182,7 +202,15 @@ def _start(root: Path, base: Path, args: argparse.Namespace) -> int:
         lock=str(lock_path.resolve()),
         check=bool(args.check),
         earlier=order[order.index(source_version) + 1 : order.index(version)],
-        history=_history_from_report(root / "reports" / "rebase-check.json", docs, source_version),
+        history=_history_from_report(
+            resolve_line(
+                None if source_version == lock.pin.version else source_version,
+                lock_path=lock_path,
+                root=root,
+            ).rebase_matrix,
+            docs,
+            source_version,
+        ),
     )
     if args.check and state.record is None:
         raise SeriesError(

@@ -279,13 +279,14 @@ def resolve_base(
     return f"release {tag}", sha
 
 
-def auto_base(unit: Unit, report: Path) -> str:
-    """Newest release where every patch of the branch applies (per reports/rebase-check.json)."""
+def auto_base(unit: Unit, report: Path, fallback: str = "pin") -> str:
+    """Newest release where every patch of the branch applies (per the rebase-check matrix
+    REPORT); FALLBACK (the release the series is made on) when none is newer."""
     if not report.is_file():
-        return "pin"
+        return fallback
     data = json.loads(report.read_text())
     verdicts: dict[str, dict[str, str]] = data.get("verdicts", {})
-    best = "pin"
+    best = fallback
     for rel in data.get("releases", []):
         if all(verdicts.get(p.name, {}).get(rel) in APPLIES for p in unit.patches):
             best = rel
@@ -864,7 +865,9 @@ def split(
     for unit in units:
         want = base
         if base == "auto":
-            want = auto_base(unit, rebase_report or Path("reports/rebase-check.json"))
+            want = auto_base(
+                unit, rebase_report or Path("reports/rebase-check.json"), series_base or "pin"
+            )
         label, rev = resolve_base(
             repo,
             want,
@@ -993,6 +996,7 @@ def _apply_line(args: argparse.Namespace, root: Path) -> None:
     args.python = args.python or str(line.venv / "bin" / "python")
     args.reports_dir = args.reports_dir or str(line.reports_dir)
     args.out_dir = args.out_dir or str(line.work / "split")
+    args.rebase_report = str(line.rebase_matrix)
 
 
 def cmd_split(args: argparse.Namespace) -> int:
@@ -1006,7 +1010,8 @@ def cmd_split(args: argparse.Namespace) -> int:
     if not repo.exists():  # a fresh clone of the materialized base (CI, first use)
         from fp4series.rebase_check import prepare_release
 
-        version = lock.pin.version if args.base in ("pin", "auto") else args.base.lstrip("v")
+        own = (args.series_base or lock.pin.version).lstrip("v")
+        version = own if args.base in ("pin", "auto") else args.base.lstrip("v")
         rel = prepare_release(lock, version, root / ".work", paths.default_cache_dir())
         _git(root, "clone", "-q", str(rel.repo), str(repo))
         what = "pin" if version == lock.pin.version else f"release {version}"
@@ -1040,7 +1045,9 @@ def cmd_split(args: argparse.Namespace) -> int:
         only=args.patches,
         runner=runner,
         fetch_release=fetch_release,
-        rebase_report=root / "reports" / "rebase-check.json",
+        rebase_report=Path(
+            getattr(args, "rebase_report", None) or root / "reports/rebase-check.json"
+        ),
         series_base=args.series_base,
         keep_trailers=args.keep_trailers,
     )

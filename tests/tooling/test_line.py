@@ -142,3 +142,24 @@ def test_the_project_lock_parses_its_lines() -> None:
         line = resolve_line(entry.version, root=root)
         assert isinstance(line, Line) and line.patches_dir.is_dir()
         assert (line.patches_dir / "series").is_file()
+
+
+def test_the_shell_entry_points_ask_the_line_for_its_scratch_dir(tmp_path: Path) -> None:
+    import subprocess
+    import sys
+
+    root = _project(tmp_path)
+    src = Path(__file__).resolve().parents[2] / "src"
+
+    def work(version: str) -> subprocess.CompletedProcess[str]:
+        return subprocess.run(
+            [sys.executable, "-m", "fp4series.line", "work", version],
+            capture_output=True,
+            text=True,
+            env={"PYTHONPATH": str(src), "FP4SERIES_ROOT": str(root), "PATH": "/usr/bin:/bin"},
+        )
+
+    assert work("0.5.11").stdout.strip() == str(root / ".work")  # the pin's own version
+    assert work("0.5.23").stdout.strip() == str(root / ".work" / "lines" / "0.5.23")
+    unknown = work("0.6.0")
+    assert unknown.returncode != 0 and "no series line on 0.6.0" in unknown.stderr

@@ -494,3 +494,14 @@ def test_line_message_renames_dependencies_and_replaces_the_trailer() -> None:
     got = replay.line_message(msg, "0003-c.patch abc", {"0001-a.patch": [], "0002-b.patch": ["N"]})
     assert got == "S\n\nWhy:\nx\n\nTests: t.py\nDepends-On: N\nRebased-From: 0003-c.patch abc\n"
     assert replay.line_message("S\n\nbody", "x y", {}) == "S\n\nbody\n\nRebased-From: x y\n"
+
+
+def test_options_that_would_be_ignored_are_refused(project: Project) -> None:
+    rc, out = project.rebase("--to", V, "--out", str(project.root / "elsewhere"))
+    assert rc != 0 and f"a line on {V} lives in" in out and "--check" in out
+    assert not project.work.exists()
+    rc, out = project.rebase("--to", V, "--line", "0.5.11", "--source-patches", "patches")
+    assert rc != 0 and "both name the series to rebase" in out
+    for flag in ("--line", "--out"):
+        rc, out = project.rebase("--status", flag, "x")
+        assert rc != 0 and "only go with --to" in out

@@ -714,3 +714,20 @@ def test_cli_line_combination_patches_dir_and_base(
     args = parser.parse_args(argv)  # again: both unchanged
     assert args.func(args) == 0
     assert capsys.readouterr().out.count("unchanged since the split of") == 2
+
+
+def test_auto_base_falls_back_to_the_series_own_release(tmp_path: Path) -> None:
+    from types import SimpleNamespace
+
+    from fp4series.split import auto_base
+
+    unit = SimpleNamespace(patches=[SimpleNamespace(name="0001-a.patch")])
+    missing = tmp_path / "none.json"
+    assert auto_base(unit, missing) == "pin"  # type: ignore[arg-type]
+    assert auto_base(unit, missing, "0.5.23") == "0.5.23"  # type: ignore[arg-type]
+    matrix = tmp_path / "m.json"
+    verdicts = {"0001-a.patch": {"0.5.24": "clean", "0.5.25": "conflict"}}
+    matrix.write_text(json.dumps({"releases": ["0.5.24", "0.5.25"], "verdicts": verdicts}))
+    assert auto_base(unit, matrix, "0.5.23") == "0.5.24"  # type: ignore[arg-type]
+    matrix.write_text(json.dumps({"releases": ["0.5.24"], "verdicts": {}}))
+    assert auto_base(unit, matrix, "0.5.23") == "0.5.23"  # type: ignore[arg-type]

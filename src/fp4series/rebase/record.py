@@ -22,11 +22,11 @@ from __future__ import annotations
 
 import os
 import re
-import subprocess
 import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from fp4series import patchid
 from fp4series.errors import SeriesError
 from fp4series.series import load_series
 
@@ -36,25 +36,19 @@ DEFAULT_HEADER = (
     "# Patches of the source line that this line does not carry, one stanza each, in the",
     "# source's series order (written by scripts/rebase.sh; a rerun replays them as they are).",
 )
-_ID = re.compile(r"^[0-9a-f]{40}$")
+_ID = patchid.PATCH_ID
 _FIELD = re.compile(r"^([A-Za-z][A-Za-z0-9-]*):(.*)$")
 
 
 def stable_patch_id(text: str) -> str:
-    """The stable patch-id of a patch (whitespace- and line-number-insensitive, 40 hex)."""
-    proc = subprocess.run(
-        ["git", "patch-id", "--stable"],
-        input=text.encode("utf-8", "surrogateescape"),
-        capture_output=True,
-        check=False,
-    )
-    out = proc.stdout.decode().split()
-    if proc.returncode != 0 or not out or not _ID.match(out[0]):
+    """The stable patch-id of a patch (fp4series.patchid); a patch without a diff is an error."""
+    found = patchid.stable_patch_id(text)
+    if found is None:
         raise SeriesError(
             "git patch-id found no diff in the patch",
             hint="regenerate the patch with scripts/export.sh",
         )
-    return out[0]
+    return found
 
 
 @dataclass(frozen=True)
@@ -200,7 +194,7 @@ def load_record(line_dir: Path) -> Record | None:
         raw = patch.trailers.get(TRAILER, "")
         if not raw.strip():
             rec.orphans.append(patch.path)
-        for entry in (e.strip() for e in raw.split(",") if e.strip()):
+        for entry in [raw.strip()] if raw.strip() else []:  # one source patch per line patch
             parts = entry.split()
             if len(parts) != 2 or not _ID.match(parts[1]):
                 raise SeriesError(
