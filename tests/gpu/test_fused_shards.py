@@ -5,8 +5,9 @@ Dense: a real ``QKVParallelLinear`` (Llama-3.1-8B's 6144x4096 q/k/v) and a real
 the ModelOpt or the compressed-tensors quant config and loaded shard by shard through their own
 ``weight_loader``: q = g, k = ratio * g, v = g / 2 (gate = g, up = ratio * g) for ratios 2, 0.5
 and 1e-3, as multipliers (ModelOpt ``weight_scale_2``) or divisors (compressed-tensors
-``weight_global_scale``). MoE: w3's global scale twice w1's (served: a power of two is folded
-into the block scales) and three times (refused at load: one Marlin global scale per expert).
+``weight_global_scale``). MoE: w3's global scale 2, 0.5, 3 and 1e-3 times w1's, all served: the
+kernel applies w1's scale to w13, w3's factor reaches the router weights of the w2 GEMM (fp16
+folds the power of two of a ratio below 1 into w3's block scales).
 
 Every case goes to numerics.json's ``fused_shards`` list: served cases with their rel L2, also
 per shard (a wrong small shard would hide in the whole layer's error), refused ones with the
@@ -61,7 +62,7 @@ RATIOS = (2.0, 0.5, 1e-3)
 MS = (1, 33, 256)
 DENSE_PATHS = ("modelopt-dense", "ct-dense")
 MOE_PATHS = ("modelopt-moe", "ct-moe")
-MOE_W3_OVER_W1 = {2.0: "served", 3.0: "refused"}
+MOE_W3_OVER_W1 = {2.0: "served", 0.5: "served", 3.0: "served", 1e-3: "served"}
 MOE_E, MOE_TOPK = 8, 2
 
 

@@ -1,4 +1,4 @@
-"""CPU tests of the NVFP4 Marlin host helpers (patches 3 and 4).
+"""CPU tests of the NVFP4 Marlin host helpers (patches 3, 4 and 10).
 
 Every expectation is computed here, independently of the helper under test:
 the kernel's scale/global-scale decode is re-implemented from its bit
@@ -565,12 +565,12 @@ def test_prepare_moe(m, monkeypatch, dtype):
         (128, 48, torch.ones(2), r"w13 with N=96, K=128"),
         (96, 64, torch.ones(2), r"w13 with N=128, K=96"),
         (128, 64, torch.ones(3), r"w13_weight_scale_2 needs one value per expert \(2\)"),
-        # w3's scale 3x w1's: one per-expert kernel scale cannot serve both
+        # w3's scale is 0: never served, whatever the kernel can fold
         (
             128,
             64,
-            torch.tensor([[1.0, 1.0], [0.5, 1.5]]),
-            r"expert 1 \(w1 global scale 0\.5, w3 global scale 1\.5\)",
+            torch.tensor([[1.0, 1.0], [0.5, 0.0]]),
+            r"expert 1 \(w1 global scale 0\.5, w3 global scale 0\)",
         ),
         (128, 64, "non-gated", "non-gated experts are not supported"),
     ],
@@ -669,29 +669,96 @@ def test_fused_shards_dense_refused(m, monkeypatch, g, sizes, match):
     assert not calls
 
 
+# w3's global scale over w1's, per expert: powers of two either way, a
+# non-power of two either way, 1e-3 (fp16: 2^-10 folded, residual 1.024) and 1.
+MOE_W3_OVER_W1 = (2.0, 0.25, 3.0, 1.0 / 3.0, 1e-3, 1.0)
+
+
 @pytest.mark.parametrize("dtype", [FP16, BF16])
 def test_fused_shards_moe(m, monkeypatch, dtype):
-    e, hidden, inter = 2, 128, 64
+    ratios = torch.tensor(MOE_W3_OVER_W1, dtype=torch.float64)
+    e, hidden, inter = len(MOE_W3_OVER_W1), 128, 64
     _stub_kernels(m, monkeypatch)
     layer = _moe(e, hidden, inter, dtype, seed=9)
-    # scales that leave bf16 room for the fold (see the flush warning test above)
+    # scales that leave bf16 room (see the flush warning test above)
     layer.w13_weight_scale.data = _fp8_scales((e, 2 * inter, hidden // 16), 0x30, 0x5F, 9)
     s13_0 = layer.w13_weight_scale.clone()
-    # expert 0: w3 = 2 * w1; expert 1: w3 = w1 / 4
-    g13 = torch.tensor([[0.01, 0.02], [0.04, 0.01]])
+    g1 = 0.01 * (1.0 + torch.arange(e, dtype=torch.float64) / e)
+    g13 = torch.stack([g1, g1 * ratios], dim=1).float()  # multipliers [E, 2]
     layer.w13_weight_scale_2 = torch.nn.Parameter(g13.clone())
-    layer.w2_weight_scale_2 = torch.nn.Parameter(torch.tensor([0.5, 0.25]))
+    layer.w2_weight_scale_2 = torch.nn.Parameter(torch.full((e,), 0.25))
 
     m.prepare_moe_nvfp4_layer_for_marlin(layer)
 
     rtol = 2.0**-11 if dtype == FP16 else 2.0**-8
-    block = _kernel_scale_decode(layer.w13_weight_scale, dtype)
+    # the kernel applies w1's own scale to the whole of w13 ...
     glob = _decode_16bit(layer.w13_weight_scale_2.view(torch.int16), dtype)
+    torch.testing.assert_close(
+        glob * 2.0 ** (7 - BIAS[dtype]), g1.to(dtype).double(), rtol=rtol, atol=0
+    )
+    # ... and w3's half carries the rest: folded powers of two (fp16, r < 1)
+    # times the per-expert factor that fused_marlin_moe applies
+    w3 = layer.w3_output_scale
+    assert w3.dtype == torch.float32 and w3.shape == (e,)
+    if dtype == FP16:
+        small = ratios < 1
+        assert bool(((w3[small] >= 1) & (w3[small] < 2)).all())
+        torch.testing.assert_close(w3[~small].double(), ratios[~small], rtol=1e-6, atol=0)
+    else:  # bf16 keeps its block scales; the factor is the ratio itself
+        torch.testing.assert_close(w3.double(), ratios, rtol=1e-6, atol=0)
+    block = _kernel_scale_decode(layer.w13_weight_scale, dtype)
     for i in range(e):
+        half = torch.cat([torch.ones(inter), torch.full((inter,), w3[i].item())]).double()
+        got = block[i] * glob[i] * 2.0 ** -BIAS[dtype] * half[None, :]
         per_row = torch.cat([torch.full((inter,), v) for v in g13[i].tolist()]).double()
-        got = block[i] * glob[i] * 2.0 ** -BIAS[dtype]
         expected = _marlin_scale_layout(s13_0[i].double() * per_row[:, None])
         torch.testing.assert_close(got, expected, rtol=rtol, atol=0)
+
+
+@pytest.mark.parametrize("dtype", [FP16, BF16])
+def test_fused_shards_moe_no_factor_when_halves_agree(m, monkeypatch, dtype):
+    _stub_kernels(m, monkeypatch)
+    layer = _moe(2, 128, 64, dtype, seed=4)
+    layer.w13_weight_scale_2 = torch.nn.Parameter(torch.tensor([[0.5, 0.5], [0.02, 0.02]]))
+    layer.w2_weight_scale_2 = torch.nn.Parameter(torch.ones(2))
+    m.prepare_moe_nvfp4_layer_for_marlin(layer)
+    assert layer.w3_output_scale is None
+
+
+def test_fused_shards_moe_fp16_ratio_beyond_the_scale_format_refused(m, monkeypatch):
+    calls = _stub_kernels(m, monkeypatch)
+    layer = _moe(2, 128, 64, FP16, seed=6)
+    layer.w13_weight_scale_2 = torch.nn.Parameter(torch.tensor([[0.5, 0.5], [0.5, 5e-6]]))
+    layer.w2_weight_scale_2 = torch.nn.Parameter(torch.ones(2))
+    with pytest.raises(
+        ValueError, match=r"expert 1 \(w1 global scale 0\.5, w3 global scale 5e-06\).*2\^-12"
+    ):
+        m.prepare_moe_nvfp4_layer_for_marlin(layer)
+    assert not calls
+    # bf16 needs no fold: the same scales are served
+    layer = _moe(2, 128, 64, BF16, seed=6)
+    layer.w13_weight_scale_2 = torch.nn.Parameter(torch.tensor([[0.5, 0.5], [0.5, 5e-6]]))
+    layer.w2_weight_scale_2 = torch.nn.Parameter(torch.ones(2))
+    m.prepare_moe_nvfp4_layer_for_marlin(layer)
+    assert layer.w3_output_scale[1].item() == pytest.approx(1e-5, rel=1e-6)
+
+
+def test_fused_marlin_moe_router_weights_carry_the_w3_factor():
+    """w3_output_scale reaches the w2 GEMM as router weights x factor[expert].
+
+    (fused_marlin_moe itself needs the CUDA kernels: the GPU test of fused
+    shards serves such layers against an fp32 reference.)
+    """
+    mod = importlib.import_module("sglang.srt.layers.moe.fused_moe_triton.fused_marlin_moe")
+    gen = torch.Generator().manual_seed(2)
+    weights = torch.rand(5, 2, generator=gen)
+    ids = torch.randint(0, 4, (5, 2), generator=gen)
+    ids[3, 1] = -1  # an expert of another rank (expert parallelism)
+    factor = torch.tensor([1.0, 3.0, 0.001, 1.5])
+    got = mod._router_weights_with_w3_scale(weights, ids, factor)
+    expected = weights * factor[ids.clamp(min=0)]
+    torch.testing.assert_close(got, expected, rtol=0, atol=0)
+    assert got[0, 0] == weights[0, 0] * factor[ids[0, 0]]
 
 
 # --------------------------------------------------------------------------
