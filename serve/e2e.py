@@ -78,6 +78,15 @@ FORMATS = {  # format -> (NVFP4 checkpoint folder, its dequantized reference)
     "modelopt": ("modelopt-nvfp4", "reference-modelopt"),
 }
 assert tuple(FORMATS) == report_mod.E2E_FORMATS
+# Speed models (random weights, make_checkpoints.py --models dense-large,moe-large): each
+# checkpoint in its own engine; a speed row puts a format's NVFP4 and FP8 (W8A8, SGLang's
+# native Hopper path) beside the bf16 model.
+LARGE_MODELS = report_mod.E2E_LARGE_MODELS
+LARGE_FORMATS = {  # format -> (NVFP4 checkpoint folder, FP8 checkpoint folder)
+    "modelopt": ("modelopt-nvfp4", "modelopt-fp8"),
+    "compressed-tensors": ("ct-nvfp4", "ct-fp8"),
+}
+LARGE_VARIANTS = ("bf16", "modelopt-nvfp4", "modelopt-fp8", "ct-nvfp4", "ct-fp8")
 HTTP_RUNS = {  # unit -> (model, format, --fp4-gemm-backend or None)
     "http/auto": ("dense", "compressed-tensors", None),
     "http/marlin": ("moe", "modelopt", "marlin"),
@@ -176,6 +185,8 @@ def settings_from_args(args: argparse.Namespace) -> dict[str, Any]:
         "speed_prompt_tokens": args.speed_prompt_tokens,
         "prefill_tokens": args.prefill_tokens,
         "speed_repeats": args.speed_repeats,
+        "large_batches": [int(b) for b in args.large_batches.split(",")],
+        "large_prefill_tokens": [int(t) for t in args.large_prefill_tokens.split(",")],
         "http_max_tokens": args.http_max_tokens,
         "http_ready_timeout": args.http_ready_timeout,
     }
@@ -187,7 +198,7 @@ def settings_from_args(args: argparse.Namespace) -> dict[str, Any]:
 @dataclass
 class Unit:
     id: str
-    kind: str  # negative | case | unquantized | http
+    kind: str  # negative | case | unquantized | http | speed
     spec: dict[str, Any] = field(default_factory=dict)
 
 
@@ -211,6 +222,11 @@ def plan_units(ckpt: Path, settings: Mapping[str, Any], pin_tree: str | None) ->
         units.append(Unit(uid, "http", {
             "model": model, "format": fmt, "dtype": "bfloat16", "backend": backend,
             "path": str(ckpt / model / FORMATS[fmt][0])}))  # fmt: skip
+    for model in LARGE_MODELS:  # last: each waits for a quiet GPU
+        for variant in LARGE_VARIANTS:
+            units.append(Unit(f"speed/{model}/{variant}", "speed", {
+                "model": model, "variant": variant, "dtype": "bfloat16",
+                "path": str(ckpt / model / variant)}))  # fmt: skip
     return units
 
 
@@ -258,11 +274,13 @@ def unit_hash(unit: Unit, settings: Mapping[str, Any]) -> str:
 
 def token_sets(ids: Sequence[int], settings: Mapping[str, Any]) -> dict[str, Any]:
     """Disjoint slices of the held-out ids: perplexity windows, agreement prompts, the speed
-    prompts (the largest batch) and the prefill prompt."""
+    prompts (the largest batch), the prefill prompt and the speed models' prefill prompts."""
     n, length = settings["ppl_windows"], settings["ppl_window_tokens"]
     p, plen = settings["prompts"], settings["prompt_tokens"]
-    b, blen = max(settings["speed_batches"]), settings["speed_prompt_tokens"]
-    need = n * length + p * plen + b * blen + settings["prefill_tokens"]
+    batches = [*settings["speed_batches"], *settings.get("large_batches", [])]
+    b, blen = max(batches), settings["speed_prompt_tokens"]
+    large = list(settings.get("large_prefill_tokens", []))
+    need = n * length + p * plen + b * blen + settings["prefill_tokens"] + sum(large)
     if len(ids) < need:
         raise ValueError(
             f"held-out text has {len(ids)} tokens; these settings need {need} "
@@ -275,6 +293,11 @@ def token_sets(ids: Sequence[int], settings: Mapping[str, Any]) -> dict[str, Any
         out[key] = [ids[pos + i * size : pos + (i + 1) * size] for i in range(count)]
         pos += count * size
     out["prefill"] = ids[pos : pos + settings["prefill_tokens"]]
+    pos += settings["prefill_tokens"]
+    out["prefill_large"] = {}
+    for size in large:
+        out["prefill_large"][str(size)] = ids[pos : pos + size]
+        pos += size
     return out
 
 
@@ -570,6 +593,72 @@ def memory_row(unit: Mapping[str, Any]) -> dict[str, Any] | None:
     }
 
 
+def _ratio(a: Any, b: Any) -> float | None:
+    return _round(a / b, 3) if a and b else None
+
+
+def large_rows(
+    records: Mapping[str, Mapping[str, Any]], planned: Sequence[Unit]
+) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+    """``speed_large`` and ``memory_large``: per speed model x format, its NVFP4 and FP8
+    checkpoints beside the bf16 model (one engine each, the same settings)."""
+    data = {
+        (u.spec["model"], u.spec["variant"]): (records.get(u.id) or {}).get("data") or {}
+        for u in planned
+        if u.kind == "speed"
+    }
+    paths = {(u.spec["model"], u.spec["variant"]): u.spec["path"] for u in planned
+             if u.kind == "speed"}  # fmt: skip
+    speed, memory = [], []
+    for model in LARGE_MODELS:
+        if (model, "bf16") not in data:
+            continue
+        ref = data[(model, "bf16")]
+        for fmt, (nv_name, fp8_name) in LARGE_FORMATS.items():
+            nv, fp8 = data.get((model, nv_name), {}), data.get((model, fp8_name), {})
+            base = {"format": fmt, "model": model, "dtype": "bfloat16"}
+            runs = {"nvfp4": nv, "reference": ref, "fp8": fp8}
+            batches = sorted({int(b) for d in runs.values()
+                              for b in ((d.get("speed") or {}).get("decode") or {})})  # fmt: skip
+            for batch in batches:
+                row: dict[str, Any] = {**base, "kind": "decode", "batch": batch}
+                for key, d in runs.items():
+                    m = ((d.get("speed") or {}).get("decode") or {}).get(str(batch))
+                    rate = decode_rate(batch, m["new_tokens"], m["full"], m["one"]) if m else {}
+                    row[f"{key}_tok_s"] = _round(rate.get("tok_s"), 1)
+                    row[f"{key}_ms_per_token"] = _round(rate.get("ms_per_token"), 4)
+                    if m:
+                        row["prompt_tokens"], row["new_tokens"] = (
+                            m["prompt_tokens"],
+                            m["new_tokens"],
+                        )
+                row["nvfp4_over_reference"] = _ratio(row["nvfp4_tok_s"], row["reference_tok_s"])
+                row["nvfp4_over_fp8"] = _ratio(row["nvfp4_tok_s"], row["fp8_tok_s"])
+                speed.append(row)
+            sizes = sorted({int(t) for d in runs.values()
+                            for t in ((d.get("speed") or {}).get("prefill") or {})})  # fmt: skip
+            for tokens in sizes:
+                row = {**base, "kind": "prefill", "batch": 1, "prompt_tokens": tokens}
+                for key, d in runs.items():
+                    m = ((d.get("speed") or {}).get("prefill") or {}).get(str(tokens))
+                    rate = prefill_rate(tokens, m["times"]) if m else {}
+                    row[f"{key}_tok_s"] = _round(rate.get("tok_s"), 1)
+                    row[f"{key}_ms"] = _round(rate.get("ms"), 3)
+                row["nvfp4_over_reference"] = _ratio(row["nvfp4_tok_s"], row["reference_tok_s"])
+                row["nvfp4_over_fp8"] = _ratio(row["nvfp4_tok_s"], row["fp8_tok_s"])
+                speed.append(row)
+            mem = {**base}
+            for key, d, name in (("nvfp4", nv, nv_name), ("reference", ref, "bf16"),
+                                 ("fp8", fp8, fp8_name)):  # fmt: skip
+                mem[f"{key}_weight_gib"] = (d.get("memory") or {}).get("weight_gib")
+                mem[f"{key}_checkpoint_gib"] = _round(
+                    checkpoint_gib(paths.get((model, name), "")), 4
+                )
+            mem["marlin_log"] = nv.get("marlin_log") or []
+            memory.append(mem)
+    return speed, memory
+
+
 def read_train_ppl(folder: str | Path) -> float | None:
     """The bf16 model's held-out perplexity by transformers (make_checkpoints' train.json)."""
     try:
@@ -614,6 +703,8 @@ def assemble_report(
             report[key] = {**data, "status": rec.get("status"), "error": rec.get("error")}
             if data.get("ok") is None:
                 report[key]["ok"] = False
+        elif unit.kind == "speed":
+            pass  # assembled below, per model x format (large_rows)
         elif unit.kind == "negative":
             report["negative_control"] = {**data, "status": rec.get("status"),
                                           "error": rec.get("error")}  # fmt: skip
@@ -624,6 +715,7 @@ def assemble_report(
     by_key = {(u["model"], u["dtype"]): u["ppl"] for u in unquantized}
     for case in cases:
         case["ppl_unquantized"] = by_key.get((case["model"], case["dtype"]))
+    speed_large, memory_large = large_rows(records, planned)
     done = [u.id for u in planned if (records.get(u.id) or {}).get("status") == "done"]
     report.update(
         complete=len(done) == len(planned),
@@ -635,6 +727,8 @@ def assemble_report(
         unquantized=unquantized,
         speed=speed,
         memory=memory,
+        speed_large=speed_large,
+        memory_large=memory_large,
         units={
             u.id: {k: (records.get(u.id) or {}).get(k) for k in ("status", "seconds", "error")}
             for u in planned
@@ -718,6 +812,25 @@ def render_markdown(report: Mapping[str, Any]) -> str:
         )
     if report.get("memory"):
         out += ["", f"Engine: {(report['memory'][0] or {}).get('source')}."]
+    out += ["", "## Speed models: NVFP4 beside bf16 and FP8 (tok/s; one engine per checkpoint)",
+            "", "| format | model | kind | batch / prompt | NVFP4 | bf16 | FP8 | NVFP4 / bf16 "
+            "| NVFP4 / FP8 |", "|---|---|---|---|---|---|---|---|---|"]  # fmt: skip
+    for r in report.get("speed_large") or []:
+        label = r.get("batch") if r.get("kind") == "decode" else f"{r.get('prompt_tokens')} tok"
+        out.append(
+            f"| {r.get('format')} | {r.get('model')} | {r.get('kind')} | {label} | "
+            f"{_fmt(r.get('nvfp4_tok_s'), '.0f')} | {_fmt(r.get('reference_tok_s'), '.0f')} | "
+            f"{_fmt(r.get('fp8_tok_s'), '.0f')} | {_fmt(r.get('nvfp4_over_reference'), '.2f')} | "
+            f"{_fmt(r.get('nvfp4_over_fp8'), '.2f')} |"
+        )
+    out += ["", "Weight memory of the speed models (GiB, engine / file):", "",
+            "| format | model | NVFP4 | bf16 | FP8 |", "|---|---|---|---|---|"]  # fmt: skip
+    for m in report.get("memory_large") or []:
+        cells = [
+            f"{_fmt(m.get(k + '_weight_gib'), '.2f')} / {_fmt(m.get(k + '_checkpoint_gib'), '.2f')}"
+            for k in ("nvfp4", "reference", "fp8")
+        ]
+        out.append(f"| {m.get('format')} | {m.get('model')} | " + " | ".join(cells) + " |")
     out += ["", "## Server and negative control", ""]
     for key, what in (("http", "launch_server, auto backend"),
                       ("http_marlin", "launch_server, --fp4-gemm-backend marlin")):  # fmt: skip
@@ -1161,6 +1274,16 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     g.add_argument("--speed-prompt-tokens", type=int, default=64)
     g.add_argument("--prefill-tokens", type=int, default=1024)
     g.add_argument("--speed-repeats", type=int, default=3)
+    g.add_argument(
+        "--large-batches",
+        default="1,8,32,128",
+        help="decode batches of the speed models (dense-large, moe-large)",
+    )
+    g.add_argument(
+        "--large-prefill-tokens",
+        default="1024,8192",
+        help="prefill prompt lengths of the speed models",
+    )
     g.add_argument("--http-max-tokens", type=int, default=32)
     g.add_argument("--http-ready-timeout", type=float, default=600.0)
     args = p.parse_args(argv)

@@ -150,6 +150,26 @@ class Session:
                           "times": [self._timed(prefill, 1) for _ in range(reps)]}  # fmt: skip
         return out
 
+    def speed_large(self, tokens: dict[str, Any], s: dict[str, Any]) -> dict[str, Any]:
+        """Decode at ``large_batches`` and one prefill per ``large_prefill_tokens``."""
+        out: dict[str, Any] = {"decode": {}, "prefill": {}}
+        n, reps = s["speed_new_tokens"], s["speed_repeats"]
+        for batch in s["large_batches"]:
+            prompts = tokens["speed"][:batch]
+            self._timed(prompts, n)  # warm-up
+            full = [self._timed(prompts, n) for _ in range(reps)]
+            one = [self._timed(prompts, 1) for _ in range(reps)]
+            out["decode"][str(batch)] = {"full": full, "one": one, "new_tokens": n,
+                                         "prompt_tokens": len(prompts[0])}  # fmt: skip
+            rate = e2e.decode_rate(batch, n, full, one)
+            say(f"decode batch {batch}: {rate['tok_s'] or 0:.0f} tok/s")
+        for size, prompt in tokens["prefill_large"].items():
+            self._timed([prompt], 1)  # warm-up
+            times = [self._timed([prompt], 1) for _ in range(reps)]
+            out["prefill"][size] = {"tokens": len(prompt), "times": times}
+            say(f"prefill {size}: {e2e.prefill_rate(len(prompt), times)['tok_s'] or 0:.0f} tok/s")
+        return out
+
 
 def _session_data(
     sess: Session, job: dict[str, Any], rec: Record, key: str, seqs: list[list[int]] | None
@@ -204,10 +224,49 @@ def run_unquantized(job: dict[str, Any], rec: Record) -> None:
     say(f"unquantized perplexity {e2e.perplexity(rec.data['ppl_parts'])[0]}")
 
 
-def free_port() -> int:
+# Ports SGLang derives from --port (v0.5.11 server_args.py): the gRPC port (+10000, must
+# stay <= 65535), the ZMQ TCP base (+233) and --port + 1.
+DERIVED_PORT_OFFSETS = (0, 1, 233, 10000)
+PORT_RANGE = (20000, 65535 - max(DERIVED_PORT_OFFSETS))
+
+
+def _port_free(port: int) -> bool:
     with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
+        try:
+            s.bind(("127.0.0.1", port))
+        except OSError:
+            return False
+    return True
+
+
+def run_speed(job: dict[str, Any], rec: Record) -> None:
+    """One speed-model checkpoint (NVFP4, FP8 or bf16) in its own engine: its weight memory,
+    then decode and prefill on a quiet GPU."""
+    gate = e2e.Gate(Path(job["locks"]))
+    if not Path(job["spec"]["path"], "config.json").is_file():
+        raise FileNotFoundError(
+            f"{job['spec']['path']}: no checkpoint (make it with serve/make_checkpoints.py "
+            "--models dense-large,moe-large)"
+        )
+    with Session(job, job["spec"]["path"], gate) as sess:
+        rec.data["start_s"] = sess.start_s
+        rec.data["memory"] = sess.memory()
+        rec.save()
+        with gate.quiet():
+            rec.data["speed"] = sess.speed_large(job["tokens"], job["settings"])
+        rec.data["marlin_log"] = e2e.marlin_evidence(sess.log_text())
+
+
+def free_port(start: int | None = None) -> int:
+    """A --port whose derived ports are free and in range (a random --port can derive a
+    gRPC port above 65535, which SGLang refuses at start)."""
+    lo, hi = PORT_RANGE
+    first = start if start is not None else lo + os.getpid() % (hi - lo)
+    for i in range(hi - lo):
+        port = lo + (first - lo + 7 * i) % (hi - lo)
+        if all(_port_free(port + d) for d in DERIVED_PORT_OFFSETS):
+            return port
+    raise RuntimeError(f"no free port in {lo}..{hi} with its derived ports free")
 
 
 def _shown(cmd: list[str]) -> str:
@@ -320,7 +379,7 @@ def probe_pin(kwargs: dict[str, Any]) -> int:
 
 
 RUNNERS = {"case": run_case, "unquantized": run_unquantized, "http": run_http,
-           "negative": run_negative}  # fmt: skip
+           "negative": run_negative, "speed": run_speed}  # fmt: skip
 
 
 def main(argv: list[str]) -> int:

@@ -66,6 +66,11 @@ E2E_MIN_PROMPTS = 8
 E2E_MIN_NEW_TOKENS = 128
 E2E_DECODE_BATCHES = (1, 8, 32)
 E2E_MIN_PREFILL_TOKENS = 1024
+# Speed models (random weights, big enough that decode reads weights): NVFP4 beside bf16 and
+# FP8 (W8A8) checkpoints of the same model, per format.
+E2E_LARGE_MODELS = ("dense-large", "moe-large")
+E2E_LARGE_DECODE_BATCHES = (1, 8, 32, 128)
+E2E_LARGE_PREFILL_TOKENS = (1024, 8192)
 
 
 # --------------------------------------------------------------------------- metadata
@@ -634,6 +639,39 @@ def check_e2e(data: Mapping[str, Any], problems: list[str]) -> None:
             problems.append(f"{name}: negative_control: not run on the bare pin (bare != true)")
     _check_e2e_speed(name, data.get("speed"), problems)
     _check_e2e_memory(name, data.get("memory"), problems)
+    _check_e2e_large(name, data.get("speed_large"), data.get("memory_large"), problems)
+
+
+def _check_e2e_large(name: str, speed: object, memory: object, problems: list[str]) -> None:
+    """The speed models: every format x model has decode and prefill rows with NVFP4, bf16
+    and FP8 rates, and weight memory of all three."""
+    rows = [r for r in speed if isinstance(r, Mapping)] if isinstance(speed, list) else []
+    mem = [r for r in memory if isinstance(r, Mapping)] if isinstance(memory, list) else []
+    fields = ("nvfp4_tok_s", "reference_tok_s", "fp8_tok_s")
+    for fmt in E2E_FORMATS:
+        for model in E2E_LARGE_MODELS:
+            where = f"{name}: speed_large {fmt} {model}"
+            mine = [r for r in rows if r.get("format") == fmt and r.get("model") == model]
+            wanted = [("decode", "batch", b) for b in E2E_LARGE_DECODE_BATCHES]
+            wanted += [("prefill", "prompt_tokens", t) for t in E2E_LARGE_PREFILL_TOKENS]
+            for kind, key, value in wanted:
+                row = next((r for r in mine if r.get("kind") == kind and r.get(key) == value),
+                           None)  # fmt: skip
+                if row is None:
+                    problems.append(f"{where}: no {kind} row for {key} {value}")
+                    continue
+                bad = [f for f in fields if not _positive(row.get(f))]
+                if bad:
+                    problems.append(f"{where} {kind} {key} {value}: {', '.join(bad)} missing")
+            ok = any(
+                r.get("format") == fmt
+                and r.get("model") == model
+                and all(_positive(r.get(f"{k}_weight_gib")) for k in ("nvfp4", "reference", "fp8"))
+                for r in mem
+            )
+            if not ok:
+                problems.append(f"{name}: memory_large: no weight memory (nvfp4, bf16 and fp8) "
+                                f"for {fmt} {model}")  # fmt: skip
 
 
 def _check_e2e_speed(name: str, speed: object, problems: list[str]) -> None:

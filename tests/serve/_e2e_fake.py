@@ -60,6 +60,21 @@ def unit_data(kind: str, spec: dict[str, Any], settings: dict[str, Any], flips: 
             "reference": session(settings, False, spec.get("speed", False), flips),
             "nvfp4": session(settings, True, spec.get("speed", False), flips),
         }
+    if kind == "speed":
+        f = {"bf16": 1.0, "modelopt-fp8": 0.7, "ct-fp8": 0.7}.get(spec["variant"], 0.5)
+        return {
+            "start_s": 40.0,
+            "memory": {"weight_gib": {"bf16": 3.5, "modelopt-fp8": 1.8, "ct-fp8": 1.8}.get(
+                spec["variant"], 1.0)},
+            "speed": {
+                "decode": {str(b): {"full": [f * (1 + b / 64)] * 3, "one": [0.05] * 3,
+                                    "new_tokens": settings["speed_new_tokens"],
+                                    "prompt_tokens": settings["speed_prompt_tokens"]}
+                           for b in settings["large_batches"]},
+                "prefill": {str(t): {"tokens": t, "times": [t * 1e-5 * f] * 3}
+                            for t in settings["large_prefill_tokens"]},
+            },
+        }  # fmt: skip
     if kind == "unquantized":
         count = settings["ppl_window_tokens"] - 1
         return {"ppl_parts": [[1.9 * count, count]] * settings["ppl_windows"],

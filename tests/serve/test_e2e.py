@@ -97,11 +97,13 @@ def test_pin_env_replaces_every_sglang_tree(tmp_path: Path) -> None:
 
 def test_token_sets_are_disjoint_and_sized() -> None:
     s = settings()
-    sets = e2e.token_sets(list(range(20000)), s)
+    sets = e2e.token_sets(list(range(40000)), s)
     assert [len(w) for w in sets["ppl"]] == [512] * 4
-    assert len(sets["prompts"]) == 8 and len(sets["speed"]) == 32
+    assert len(sets["prompts"]) == 8 and len(sets["speed"]) == 128  # the speed models' batch
     assert len(sets["prefill"]) == 1024
+    assert {k: len(v) for k, v in sets["prefill_large"].items()} == {"1024": 1024, "8192": 8192}
     flat = [t for k in ("ppl", "prompts", "speed") for w in sets[k] for t in w] + sets["prefill"]
+    flat += [t for v in sets["prefill_large"].values() for t in v]
     assert len(flat) == len(set(flat))
     with pytest.raises(ValueError, match="held-out text has 100 tokens"):
         e2e.token_sets(list(range(100)), s)
@@ -134,7 +136,12 @@ def test_engine_settings_and_server_command() -> None:
 def test_plan_and_selection(tmp_path: Path) -> None:
     units = e2e.plan_units(tmp_path, settings(), "/pin")
     ids = [u.id for u in units]
-    assert len(ids) == 1 + 12 + 6 + 2 and ids[0] == "negative"
+    assert len(ids) == 1 + 12 + 6 + 2 + 10 and ids[0] == "negative"
+    speed = [u for u in units if u.kind == "speed"]
+    assert ids[-10:] == [u.id for u in speed]  # last: each waits for a quiet GPU
+    assert {(u.spec["model"], u.spec["variant"]) for u in speed} == {
+        (m, v) for m in report.E2E_LARGE_MODELS for v in e2e.LARGE_VARIANTS
+    }
     assert {u.spec["dtype"] for u in units[1:4]} == set(report.DTYPES)  # JIT builds overlap
     cases = [u for u in units if u.kind == "case"]
     assert {(u.spec["format"], u.spec["model"], u.spec["dtype"]) for u in cases} == {
@@ -238,6 +245,16 @@ def test_assembled_report_passes_the_ci_check_and_renders(tmp_path: Path) -> Non
     decode = [r for r in rep["speed"] if r["kind"] == "decode" and r["batch"] == 8]
     assert len(decode) == 6 and decode[0]["speedup"] == pytest.approx(1 / 0.6, rel=0.1)
     assert len(rep["memory"]) == 12 and rep["complete"] is True
+    large = [r for r in rep["speed_large"] if r["model"] == "dense-large"]
+    assert {(r["kind"], r["batch"] if r["kind"] == "decode" else r["prompt_tokens"])
+            for r in large if r["format"] == "modelopt"} == {
+        ("decode", 1), ("decode", 8), ("decode", 32), ("decode", 128),
+        ("prefill", 1024), ("prefill", 8192)}  # fmt: skip
+    row = next(r for r in large if r["kind"] == "decode" and r["batch"] == 8)
+    assert row["nvfp4_over_reference"] == pytest.approx(2.0, rel=0.1)
+    assert row["nvfp4_over_fp8"] == pytest.approx(1.4, rel=0.1)
+    assert len(rep["memory_large"]) == 4 and rep["memory_large"][0]["fp8_weight_gib"] == 1.8
+    assert "## Speed models" in e2e.render_markdown(rep)
     md = e2e.render_markdown(rep)
     assert "**Check: OK**" in md and "| compressed-tensors | dense | float16 |" in md
     rep["cases"][0]["top1_agreement"] = 0.9
@@ -262,6 +279,12 @@ def test_partial_records_give_a_valid_incomplete_report(tmp_path: Path) -> None:
     assert "ppl_nvfp4 is None" in text and "http_marlin: missing" in text
     assert "top1_agreement is None" in text  # the case whose lists differ in shape
     assert "speed for modelopt moe lacks 1, 8, 32, prefill" in text
+    del records["speed/moe-large/ct-fp8"]
+    problems = []
+    report.check_e2e(json.loads(json.dumps(assemble(units, records, s))), problems)
+    text = "\n".join(problems)
+    assert "speed_large compressed-tensors moe-large decode batch 1: fp8_tok_s missing" in text
+    assert "no weight memory (nvfp4, bf16 and fp8) for compressed-tensors moe-large" in text
 
 
 # --------------------------------------------------------------------------- the runner
@@ -274,6 +297,10 @@ def ckpt(tmp_path: Path) -> Path:
         for sub in ("bf16", "ct-nvfp4", "reference-ct", "modelopt-nvfp4", "reference-modelopt"):
             (root / model / sub).mkdir(parents=True)
             (root / model / sub / "model.safetensors").write_bytes(b"\0" * 4096)
+    for model in report.E2E_LARGE_MODELS:
+        for sub in e2e.LARGE_VARIANTS:
+            (root / model / sub).mkdir(parents=True)
+            (root / model / sub / "model.safetensors").write_bytes(b"\0" * 8192)
         (root / model / "bf16" / "tokenizer.json").write_text("{}")
         (root / model / "train.json").write_text(json.dumps({"heldout_ppl": {"bf16": 6.7}}))
     (root / "heldout.txt").write_text("x")
@@ -292,7 +319,7 @@ def pin(tmp_path: Path) -> Path:
 def fake_worker(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> Path:
     starts = tmp_path / "starts.txt"
     monkeypatch.setattr(e2e, "WORKER", [sys.executable, str(FAKE)])
-    monkeypatch.setattr(e2e, "heldout_ids", lambda _tok, _txt: list(range(20000)))
+    monkeypatch.setattr(e2e, "heldout_ids", lambda _tok, _txt: list(range(40000)))
     real = e2e.versions()
     assert real["python"] and "torch" in real and "sglang-kernel" in real
     monkeypatch.setattr(e2e, "versions", lambda: {**real, "sglang": "0.5.11+test"})
@@ -327,7 +354,7 @@ def test_full_run_with_a_stand_in_worker_then_resume(
     assert partial["complete"] is False and len(partial["cases"]) == 4
     assert run_main(ckpt, pin, tmp_path, "--workers", "4") == 0
     started = starts_of(fake_worker)
-    assert len(started) == 21 and len(set(started)) == 21  # the first five were not redone
+    assert len(started) == 31 and len(set(started)) == 31  # the first five were not redone
     rep = json.loads((tmp_path / "out" / "e2e.json").read_text())
     assert rep["complete"] is True and rep["versions"]["sglang"] == "0.5.11+test"
     problems = report.check_report_dir(tmp_path / "out")
@@ -335,7 +362,7 @@ def test_full_run_with_a_stand_in_worker_then_resume(
     assert "**Check: OK**" in (tmp_path / "out" / "e2e.md").read_text()
     assert (tmp_path / "work" / "tokens.json").is_file()
     assert run_main(ckpt, pin, tmp_path, "--ppl-windows", "5", "--only", "unquantized/moe") == 0
-    assert sorted(starts_of(fake_worker)[21:]) == [
+    assert sorted(starts_of(fake_worker)[31:]) == [
         "unquantized/moe/bfloat16",
         "unquantized/moe/float16",
     ]  # other settings: redone
@@ -378,7 +405,7 @@ def test_plan_lists_units_and_missing_checkpoints(
     assert e2e.main(["plan", "--checkpoints", str(ckpt), "--work", str(tmp_path / "w"),
                      "--pin", str(pin)]) == 0  # fmt: skip
     plan = json.loads(capsys.readouterr().out)
-    assert len(plan["units"]) == 21 and plan["missing_checkpoints"] == [
+    assert len(plan["units"]) == 31 and plan["missing_checkpoints"] == [
         str(ckpt / "moe" / "modelopt-nvfp4")
     ]
     with pytest.raises(SystemExit, match="checkpoints missing"):
@@ -488,7 +515,7 @@ def test_worker_case_against_a_stand_in_engine(
                 if u.id == "case/dense/modelopt/bfloat16")  # fmt: skip
     job = {"id": unit.id, "kind": unit.kind, "spec": unit.spec, "settings": s, "hash": "h",
            "locks": str(tmp_path / "locks"), "result": str(tmp_path / "rec.json"),
-           "log": str(log), "tokens": e2e.token_sets(list(range(20000)), s)}  # fmt: skip
+           "log": str(log), "tokens": e2e.token_sets(list(range(40000)), s)}  # fmt: skip
     job_path = tmp_path / "job.json"
     job_path.write_text(json.dumps(job))
     assert e2e_engine.main([str(job_path)]) == 0
@@ -518,6 +545,37 @@ def test_worker_case_against_a_stand_in_engine(
     FakeEngine.started.clear()
     assert e2e_engine.main([str(job_path)]) == 0
     assert FakeEngine.started == ["reference-modelopt", "modelopt-nvfp4"]
+
+
+def test_worker_speed_unit_against_a_stand_in_engine(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    names = ("sglang", "sglang.srt", "sglang.srt.entrypoints", "sglang.srt.entrypoints.engine")
+    for name in names:
+        monkeypatch.setitem(sys.modules, name, types.ModuleType(name))
+    sys.modules["sglang.srt.entrypoints.engine"].Engine = FakeEngine  # type: ignore[attr-defined]
+    log = tmp_path / "unit.log"
+    log.write_text("")
+    monkeypatch.setattr(FakeEngine, "log", log)
+    s = settings("--large-batches", "1,8", "--large-prefill-tokens", "1024,2048")
+    unit = next(u for u in e2e.plan_units(tmp_path, s, None)
+                if u.id == "speed/dense-large/modelopt-nvfp4")  # fmt: skip
+    job = {"id": unit.id, "kind": unit.kind, "spec": unit.spec, "settings": s, "hash": "h",
+           "locks": str(tmp_path / "locks"), "result": str(tmp_path / "rec.json"),
+           "log": str(log), "tokens": e2e.token_sets(list(range(40000)), s)}  # fmt: skip
+    job_path = tmp_path / "job.json"
+    job_path.write_text(json.dumps(job))
+    assert e2e_engine.main([str(job_path)]) != 0  # no checkpoint there: a clear failure
+    rec = json.loads((tmp_path / "rec.json").read_text())
+    assert "make_checkpoints.py --models dense-large,moe-large" in rec["error"]
+    Path(unit.spec["path"]).mkdir(parents=True)
+    (Path(unit.spec["path"]) / "config.json").write_text("{}")
+    assert e2e_engine.main([str(job_path)]) == 0
+    rec = json.loads((tmp_path / "rec.json").read_text())
+    speed = rec["data"]["speed"]
+    assert sorted(speed["decode"], key=int) == ["1", "8"]
+    assert {k: v["tokens"] for k, v in speed["prefill"].items()} == {"1024": 1024, "2048": 2048}
+    assert rec["data"]["memory"]["weight_gib"] in (0.06, 0.12)
 
 
 def _tree(root: Path, files: dict[str, str]) -> Path:
@@ -695,3 +753,17 @@ def test_marlin_log_patterns_are_the_series_messages() -> None:
     text = "\n".join(p.read_text() for p in (src / "srt" / "layers" / "quantization").rglob("*.py"))
     for pattern in e2e.MARLIN_PATTERNS:
         assert pattern in text, pattern
+
+
+def test_free_port_leaves_room_for_the_ports_sglang_derives():
+    """SGLang derives the gRPC port as --port + 10000 and refuses one above 65535."""
+    import socket
+
+    port = e2e_engine.free_port(start=e2e_engine.PORT_RANGE[1] - 1)
+    assert all(port + d <= 65535 for d in e2e_engine.DERIVED_PORT_OFFSETS)
+    # a taken derived port moves the choice on
+    with socket.socket() as held:
+        held.bind(("127.0.0.1", port + 10000))
+        again = e2e_engine.free_port(start=port)
+    assert again != port
+    assert all(e2e_engine._port_free(again + d) for d in e2e_engine.DERIVED_PORT_OFFSETS)

@@ -14,8 +14,10 @@ check: what the kernel applies (block scale x kernel global scale, decoded from 
 produced bytes) times the output-column scale handed to the GEMM's output equals each
 shard's own block scales times its own global scale; and the layer's forward applies that
 column scale before the bias. MoE: the real ModelOpt / compressed-tensors MoE methods'
-after-loading code with w1 != w3 per expert: a power-of-two ratio is folded exactly into
-the block scales, any other ratio is refused naming the expert and both scales.
+after-loading code with w1 != w3 per expert, any ratio: the kernel applies w1's scale,
+fp16 folds the power of two of a ratio below 1 into w3's block scales, and the rest is the
+per-expert factor ``layer.w3_output_scale`` that fused_marlin_moe puts on the router
+weights; non-positive scales, fp16 ratios below 2^-12 and experts with biases are refused.
 """
 
 from __future__ import annotations
@@ -216,49 +218,77 @@ def _moe_after_loading(ckpt_key: str, dtype, w13_scale_2: torch.Tensor):
 @pytest.mark.parametrize("cuda_device", [SM90], indirect=True)
 @pytest.mark.parametrize("dtype", [FP16, BF16], ids=["fp16", "bf16"])
 @pytest.mark.parametrize("ckpt_key", ["modelopt-moe", "ct-moe"])
-def test_moe_w1_w3_power_of_two_ratio_served(published, monkeypatch, marlin_fp4, ckpt_key, dtype):
+def test_moe_w1_w3_any_ratio_served(published, monkeypatch, marlin_fp4, ckpt_key, dtype):
     MarlinStubs(marlin_fp4, monkeypatch)
-    # per expert (w1, w3): equal, w3 = 2 w1, w3 = w1 / 4, ...
-    ratios = torch.tensor([1.0, 2.0, 0.25, 1.0, 4.0, 0.5, 1.0, 2.0])[:EXPERTS]
-    g13 = torch.stack([torch.full((EXPERTS,), 0.01), 0.01 * ratios], dim=1)
+    # per expert w3 / w1: equal, powers of two both ways, 3, 1/3, 1e-3, ...
+    ratios = torch.tensor([1.0, 2.0, 0.25, 3.0, 1.0 / 3.0, 1e-3, 0.5, 1.0], dtype=torch.float64)
+    ratios = ratios[:EXPERTS]
+    g13 = torch.stack([torch.full((EXPERTS,), 0.01, dtype=torch.float64), 0.01 * ratios], dim=1)
     with published(moe_runner_backend="marlin"):
-        layer, blocks = _moe_after_loading(ckpt_key, dtype, g13)
+        layer, blocks = _moe_after_loading(ckpt_key, dtype, g13.float())
+    g13 = g13.float().double()
     block = kernel_scale_decode(layer.w13_weight_scale, dtype)
     glob = decode_16bit(layer.w13_weight_scale_2.view(torch.int16), dtype)
+    factor = layer.w3_output_scale.double()
+    assert factor.shape == (EXPERTS,)
+    if dtype == FP16:  # ratios below 1: the power of two is folded, [1, 2) is left
+        small = ratios < 1
+        assert bool(((factor[small] >= 1) & (factor[small] < 2)).all())
+    else:  # bf16 keeps its block scales: the factor is the ratio itself
+        torch.testing.assert_close(factor, g13[:, 1] / g13[:, 0], rtol=1e-6, atol=0)
     rtol = 2.0**-10 if dtype == FP16 else 2.0**-7
     for e in range(EXPERTS):
         per_row = torch.cat([torch.full((INTER,), v) for v in g13[e].tolist()]).double()
-        got = block[e] * glob[e] * 2.0 ** -GLOBAL_BIAS[dtype]
+        half = torch.cat([torch.ones(INTER), torch.full((INTER,), factor[e].item())])
+        got = block[e] * glob[e] * 2.0 ** -GLOBAL_BIAS[dtype] * half.double()[None, :]
         expected = marlin_scale_layout(blocks[e].double() * per_row[:, None])
         torch.testing.assert_close(got, expected, rtol=rtol, atol=0)
 
 
 @pytest.mark.parametrize("cuda_device", [SM90], indirect=True)
 @pytest.mark.parametrize("ckpt_key", ["modelopt-moe", "ct-moe"])
-def test_moe_w1_w3_other_ratio_refused(published, monkeypatch, marlin_fp4, ckpt_key):
-    stubs = MarlinStubs(marlin_fp4, monkeypatch)
-    g13 = torch.full((EXPERTS, 2), 0.5)
-    g13[5, 1] = 1.5  # expert 5: w3 = 3 w1
-    with published(moe_runner_backend="marlin"), pytest.raises(ValueError) as err:
-        _moe_after_loading(ckpt_key, BF16, g13)
-    message = str(err.value)
-    assert "expert 5 (w1 global scale 0.5, w3 global scale 1.5)" in message
-    assert not stubs.repacks
+def test_moe_w1_w3_equal_needs_no_factor(published, monkeypatch, marlin_fp4, ckpt_key):
+    MarlinStubs(marlin_fp4, monkeypatch)
+    with published(moe_runner_backend="marlin"):
+        layer, _ = _moe_after_loading(ckpt_key, BF16, torch.full((EXPERTS, 2), 0.5))
+    assert layer.w3_output_scale is None
 
 
 @pytest.mark.parametrize("cuda_device", [SM90], indirect=True)
 @pytest.mark.parametrize("ckpt_key", ["modelopt-moe", "ct-moe"])
-def test_moe_fold_below_the_bf16_scale_range_refused(published, monkeypatch, marlin_fp4, ckpt_key):
-    """w3 = w1 / 256: folded, block scales of 0.5 become 2^-9, which the bf16 kernel
-    cannot decode (it needs >= 2^-6); fp16 serves it."""
+def test_moe_fp16_ratio_beyond_the_scale_format_refused(
+    published, monkeypatch, marlin_fp4, ckpt_key
+):
+    """w3 = w1 * 1e-5 in fp16: 2^-17 cannot be folded into the scale bytes and a w3 half
+    computed with w1's scale could overflow; bf16 needs no fold and serves it."""
     g13 = torch.full((EXPERTS, 2), 0.5)
-    g13[2, 1] = 0.5 / 256
+    g13[2, 1] = 0.5e-5
     with published(moe_runner_backend="marlin"):
         stubs = MarlinStubs(marlin_fp4, monkeypatch)
-        with pytest.raises(ValueError, match=r"expert 2 \(w1 global scale 0.5, w3 global"):
-            _moe_after_loading(ckpt_key, BF16, g13)
+        with pytest.raises(ValueError, match=r"expert 2 \(w1 global scale 0.5, w3 global.*2\^-12"):
+            _moe_after_loading(ckpt_key, FP16, g13)
         assert not stubs.repacks
     with published(moe_runner_backend="marlin"):
         stubs = MarlinStubs(marlin_fp4, monkeypatch)
-        _moe_after_loading(ckpt_key, FP16, g13)
+        layer, _ = _moe_after_loading(ckpt_key, BF16, g13)
         assert stubs.repacks
+        assert layer.w3_output_scale[2].item() == pytest.approx(1e-5, rel=1e-5)
+
+
+def test_fused_marlin_moe_router_weights_carry_the_w3_factor():
+    """w3_output_scale reaches the w2 GEMM as router weights x factor[local expert]; a
+    layer whose output is not linear in w3's half is refused (the kernels need a GPU:
+    the GPU test of fused shards serves such layers against an fp32 reference)."""
+    mod = importlib.import_module("sglang.srt.layers.moe.fused_moe_triton.fused_marlin_moe")
+    gen = torch.Generator().manual_seed(2)
+    weights = torch.rand(5, 2, generator=gen)
+    ids = torch.randint(0, 6, (5, 2), generator=gen)
+    factor = torch.tensor([1.0, 3.0, 0.001, 1.5])
+    expert_map = torch.tensor([0, 1, -1, 2, 3, -1])  # global -> local, -1 elsewhere
+    got = mod._router_weights_with_w3_scale(weights, ids, factor, expert_map)
+    local = expert_map[ids]
+    expected = torch.where(local >= 0, weights * factor[local.clamp(min=0)], weights * factor[0])
+    torch.testing.assert_close(got[local >= 0], expected[local >= 0], rtol=0, atol=0)
+    for kw in ({"activation": "relu2"}, {"is_gated": False}, {"linear_in_w3": False}):
+        with pytest.raises(ValueError, match="plain SiLU-gated experts"):
+            mod._router_weights_with_w3_scale(weights, ids, factor, None, **kw)

@@ -396,6 +396,18 @@ def _e2e() -> dict[str, Any]:
     for model in report.E2E_MODELS:
         for dtype in report.DTYPES:
             unquantized.append({"model": model, "dtype": dtype, "ppl": 7.2, "tokens_scored": 32704})
+    speed_large, memory_large = [], []
+    for fmt in report.E2E_FORMATS:
+        for model in report.E2E_LARGE_MODELS:
+            rates = {"nvfp4_tok_s": 300.0, "reference_tok_s": 200.0, "fp8_tok_s": 250.0}
+            for batch in report.E2E_LARGE_DECODE_BATCHES:
+                speed_large.append({"format": fmt, "model": model, "kind": "decode",
+                                    "batch": batch, **rates})  # fmt: skip
+            for tokens in report.E2E_LARGE_PREFILL_TOKENS:
+                speed_large.append({"format": fmt, "model": model, "kind": "prefill", "batch": 1,
+                                    "prompt_tokens": tokens, **rates})  # fmt: skip
+            memory_large.append({"format": fmt, "model": model, "nvfp4_weight_gib": 1.0,
+                                 "reference_weight_gib": 3.5, "fp8_weight_gib": 1.8})  # fmt: skip
     request = {"endpoint": "/v1/completions", "model": "m", "prompt": "def f(", "max_tokens": 32,
                "temperature": 0}  # fmt: skip
     return {
@@ -406,6 +418,8 @@ def _e2e() -> dict[str, Any]:
         "unquantized": unquantized,
         "speed": speed,
         "memory": memory,
+        "speed_large": speed_large,
+        "memory_large": memory_large,
         "http": {"ok": True, "request": request, "response": {"text": " x):"}},
         "http_marlin": {"ok": True, "request": request, "fp4_gemm_backend": "marlin"},
         "negative_control": {
@@ -494,6 +508,20 @@ def _no_memory(d: dict[str, Any]) -> None:
     d["memory"] = [m for m in d["memory"] if m["model"] != "dense-bias"]
 
 
+def _no_fp8_at_128(d: dict[str, Any]) -> None:
+    for r in d["speed_large"]:
+        if r["model"] == "moe-large" and r.get("batch") == 128:
+            r["fp8_tok_s"] = None
+
+
+def _no_prefill_8192(d: dict[str, Any]) -> None:
+    d["speed_large"] = [r for r in d["speed_large"] if r.get("prompt_tokens") != 8192]
+
+
+def _no_fp8_memory(d: dict[str, Any]) -> None:
+    d["memory_large"][0]["fp8_weight_gib"] = None
+
+
 def _no_unquantized(d: dict[str, Any]) -> None:
     d["unquantized"] = d["unquantized"][1:]
 
@@ -518,6 +546,9 @@ def _no_commands(d: dict[str, Any]) -> None:
         (_marlin_not_explicit, "http_marlin: must be the run with --fp4-gemm-backend marlin"),
         (_not_refused, "negative_control: the bare pin did not refuse the checkpoint"),
         (_not_bare, "negative_control: not run on the bare pin"),
+        (_no_fp8_at_128, "speed_large modelopt moe-large decode batch 128: fp8_tok_s missing"),
+        (_no_prefill_8192, "modelopt dense-large: no prefill row for prompt_tokens 8192"),
+        (_no_fp8_memory, "(nvfp4, bf16 and fp8) for compressed-tensors dense-large"),
         (_no_decode_32, "speed for compressed-tensors moe lacks 32"),
         (_short_prefill, "prefill of 512 tokens (>= 1024 needed)"),
         (_no_memory, "no weight memory (nvfp4 and reference) for modelopt dense-bias"),
