@@ -589,9 +589,11 @@ def make_large(kind: str, out: Path, tokenizer, tok_dir: Path, tiny: bool, devic
     done("bf16", t0)
     bf16, cfg = load(folder / "bf16")
     t = time.time()
+    log(f"  ct-nvfp4: compressed-tensors NVFP4 on {device}")
     count = export_compressed_tensors(bf16, cfg, amax, folder / "ct-nvfp4", tok_dir, device)
     done("ct-nvfp4", t, quantized_weights=count)
     t = time.time()
+    log(f"  ct-fp8: compressed-tensors FP8_DYNAMIC on {device}")
     count = export_compressed_tensors_fp8(bf16, cfg, folder / "ct-fp8", tok_dir, device)
     done("ct-fp8", t, quantized_weights=count)
     del bf16
@@ -600,6 +602,9 @@ def make_large(kind: str, out: Path, tokenizer, tok_dir: Path, tiny: bool, devic
         log(f"  {name}: mtq.quantize({algo}_DEFAULT_CFG) over {len(calib)} x {seq} random tokens")
         if export_modelopt(folder / "bf16", folder / name, calib, tok_dir, algo):
             done(name, t)
+        elif (folder / name).exists():
+            shutil.rmtree(folder / name)  # an earlier run's, of other weights maybe
+            log(f"  {name}: removed the earlier run's folder (not remade without nvidia-modelopt)")
         free_device_memory(device)
     record = {"model": kind, "architecture": cfg["architectures"][0], "parameters": n,
               "weights": "random (seeded), not trained", "device": device, "tiny": tiny,
