@@ -6,8 +6,10 @@ select the FP8 schemes for a linear layer and a FusedMoE layer on a (mocked) SM9
 parts need nvidia-modelopt (.work/ckpt-venv, see serve/make-checkpoints.sh) and skip without it.
 """
 
+import functools
 import importlib.util
 import json
+import sys
 import types
 
 import pytest
@@ -139,21 +141,39 @@ def test_modelopt_fp8_tensors(out, kind):
 
 @pytest.fixture
 def sm90(monkeypatch):
-    """SGLang's imports, with torch seeing one SM90 GPU (what the CPU machine cannot answer)."""
+    """The pin's modules, imported first, then torch reporting an SM90 GPU to the capability
+    checks (what the CPU machine cannot answer). Nothing else is patched, so nothing that the
+    pin caches at import or in its probes sees a GPU that is not there."""
     pytest.importorskip("sglang", reason="the (patched) pin is not installed")
-    from sglang.srt.layers.quantization import fp8_utils
+    from sglang.srt.configs import model_config
+    from sglang.srt.layers import linear, moe
+    from sglang.srt.layers.moe import fused_moe_triton
+    from sglang.srt.layers.quantization import modelopt_quant, unquant
+    from sglang.srt.layers.quantization.compressed_tensors import compressed_tensors
+    from sglang.srt.model_loader import weight_utils
 
-    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
     monkeypatch.setattr(torch.cuda, "get_device_capability", lambda device=None: (9, 0))
-    monkeypatch.setattr(fp8_utils, "cutlass_fp8_supported", lambda: True)
-    return fp8_utils
+    yield types.SimpleNamespace(
+        ModelConfig=model_config.ModelConfig,
+        ReplicatedLinear=linear.ReplicatedLinear,
+        MoeRunnerConfig=moe.MoeRunnerConfig,
+        FusedMoE=fused_moe_triton.FusedMoE,
+        ModelOptFp8Config=modelopt_quant.ModelOptFp8Config,
+        CompressedTensorsConfig=compressed_tensors.CompressedTensorsConfig,
+        UnquantizedLinearMethod=unquant.UnquantizedLinearMethod,
+        get_quant_config=weight_utils.get_quant_config,
+    )
+    monkeypatch.undo()
+    for name, module in list(sys.modules.items()):  # probes cached while the GPU was mocked
+        if name.startswith("sglang") and module is not None:
+            for value in list(vars(module).values()):
+                if isinstance(value, functools._lru_cache_wrapper):
+                    value.cache_clear()
 
 
-def loader_quant_config(folder, quantization: str, hf_quant_config_json: bool = False):
+def loader_quant_config(sg, folder, quantization: str, hf_quant_config_json: bool = False):
     """The quant config as the model loader builds it (weight_utils.get_quant_config): from
     config.json's quantization_config, or (``hf_quant_config_json``) from that file."""
-    from sglang.srt.model_loader.weight_utils import get_quant_config
-
     hf = json.loads((folder / "config.json").read_text())
     model_config = types.SimpleNamespace(
         quantization=quantization,
@@ -165,24 +185,19 @@ def loader_quant_config(folder, quantization: str, hf_quant_config_json: bool = 
         revision=None,
     )
     load_config = types.SimpleNamespace(download_dir=None, model_loader_extra_config={})
-    return get_quant_config(model_config, load_config, packed_modules_mapping={})
+    return sg.get_quant_config(model_config, load_config, packed_modules_mapping={})
 
 
-def linear(quant_config, prefix: str, n: int, k: int):
-    from sglang.srt.layers.linear import ReplicatedLinear
-
-    return ReplicatedLinear(
+def linear(sg, quant_config, prefix: str, n: int, k: int):
+    return sg.ReplicatedLinear(
         k, n, bias=False, params_dtype=torch.bfloat16, quant_config=quant_config, prefix=prefix
     )
 
 
-def moe_layer():
+def moe_layer(sg):
     """A FusedMoE without its parallel-group set-up (CPU has none): the attributes FusedMoE
     sets before it asks the quant config for a method."""
-    from sglang.srt.layers.moe import MoeRunnerConfig
-    from sglang.srt.layers.moe.fused_moe_triton import FusedMoE
-
-    layer = FusedMoE.__new__(FusedMoE)
+    layer = sg.FusedMoE.__new__(sg.FusedMoE)
     torch.nn.Module.__init__(layer)
     sizes = dict(num_experts=EXPERTS, num_local_experts=EXPERTS, hidden_size=HIDDEN,
                  intermediate_size_per_partition=MOE_INTER, top_k=2)  # fmt: skip
@@ -191,7 +206,7 @@ def moe_layer():
     layer.moe_ep_rank, layer.moe_ep_size, layer.moe_tp_size = 0, 1, 1
     layer.use_flashinfer_trtllm_moe = False
     layer.params_dtype = torch.bfloat16
-    layer.moe_runner_config = MoeRunnerConfig(
+    layer.moe_runner_config = sg.MoeRunnerConfig(
         **sizes, layer_id=0, params_dtype=torch.bfloat16, activation="silu", is_gated=True
     )
     return layer
@@ -211,16 +226,11 @@ def create_moe_weights(layer, method) -> dict[str, torch.Tensor]:
 
 
 def test_sglang_serves_ct_fp8_with_its_fp8_schemes(out, sm90):
-    from sglang.srt.layers.quantization.compressed_tensors.compressed_tensors import (
-        CompressedTensorsConfig,
-    )
-    from sglang.srt.layers.quantization.unquant import UnquantizedLinearMethod
-
     dense, _ = mc.load(out / "dense-large" / "ct-fp8")
-    qc = loader_quant_config(out / "dense-large" / "ct-fp8", "compressed-tensors")
-    assert isinstance(qc, CompressedTensorsConfig) and qc.quant_format == "float-quantized"
+    qc = loader_quant_config(sm90, out / "dense-large" / "ct-fp8", "compressed-tensors")
+    assert isinstance(qc, sm90.CompressedTensorsConfig) and qc.quant_format == "float-quantized"
     n, k = dense[f"{O_PROJ}.weight"].shape
-    layer = linear(qc, O_PROJ, n, k)
+    layer = linear(sm90, qc, O_PROJ, n, k)
     assert type(layer.scheme).__name__ == "CompressedTensorsW8A8Fp8"
     assert not layer.scheme.is_static_input_scheme, "FP8_DYNAMIC: per-token activation scales"
     params = dict(layer.named_parameters())
@@ -228,12 +238,12 @@ def test_sglang_serves_ct_fp8_with_its_fp8_schemes(out, sm90):
     for leaf, p in params.items():
         t = dense[f"{O_PROJ}.{leaf}"]
         assert (p.dtype, p.shape) == (t.dtype, t.shape), leaf
-    head = linear(qc, "lm_head", 512, HIDDEN)
-    assert isinstance(head.quant_method, UnquantizedLinearMethod)
+    head = linear(sm90, qc, "lm_head", 512, HIDDEN)
+    assert isinstance(head.quant_method, sm90.UnquantizedLinearMethod)
 
     moe, _ = mc.load(out / "moe-large" / "ct-fp8")
-    qc = loader_quant_config(out / "moe-large" / "ct-fp8", "compressed-tensors")
-    layer = moe_layer()
+    qc = loader_quant_config(sm90, out / "moe-large" / "ct-fp8", "compressed-tensors")
+    layer = moe_layer(sm90)
     method = qc.get_quant_method(layer, prefix=EXPERTS_PREFIX)
     assert type(layer.scheme).__name__ == "CompressedTensorsW8A8Fp8MoE"
     params = create_moe_weights(layer, method)
@@ -254,33 +264,31 @@ def test_sglang_serves_ct_fp8_with_its_fp8_schemes(out, sm90):
     assert set(params) == set(expect), "dynamic activations: no input scales"
     for name, t in expect.items():
         assert (params[name].dtype, params[name].shape) == (t.dtype, t.shape), name
-    router = linear(qc, "model.layers.0.mlp.gate", EXPERTS, HIDDEN)
-    assert isinstance(router.quant_method, UnquantizedLinearMethod)
+    router = linear(sm90, qc, "model.layers.0.mlp.gate", EXPERTS, HIDDEN)
+    assert isinstance(router.quant_method, sm90.UnquantizedLinearMethod)
 
 
 @needs_modelopt
 def test_sglang_serves_modelopt_fp8_with_its_fp8_methods(out, sm90):
-    from sglang.srt.configs.model_config import ModelConfig
-    from sglang.srt.layers.quantization.modelopt_quant import ModelOptFp8Config
-    from sglang.srt.layers.quantization.unquant import UnquantizedLinearMethod
-
     for kind in mc.LARGE:
         folder = out / kind / "modelopt-fp8"
         hf_config = json.loads((folder / "config.json").read_text())
         qc = hf_config["quantization_config"]
         # what ModelConfig makes of config.json's quantization_config (quant_method "modelopt")
         me = types.SimpleNamespace(hf_config=types.SimpleNamespace(**hf_config))
-        parsed = ModelConfig._parse_modelopt_quant_config(me, {"quantization": qc})
+        parsed = sm90.ModelConfig._parse_modelopt_quant_config(me, {"quantization": qc})
         assert parsed["quant_method"] == "modelopt_fp8"
-        flat = loader_quant_config(folder, parsed["quant_method"])
-        assert isinstance(flat, ModelOptFp8Config)
-        nested = loader_quant_config(folder, parsed["quant_method"], hf_quant_config_json=True)
-        assert isinstance(nested, ModelOptFp8Config)
+        flat = loader_quant_config(sm90, folder, parsed["quant_method"])
+        assert isinstance(flat, sm90.ModelOptFp8Config)
+        nested = loader_quant_config(
+            sm90, folder, parsed["quant_method"], hf_quant_config_json=True
+        )
+        assert isinstance(nested, sm90.ModelOptFp8Config)
         assert flat.is_checkpoint_fp8_serialized and nested.is_checkpoint_fp8_serialized
         assert flat.kv_cache_quant_algo is None and "lm_head" in nested.exclude_modules
         tensors, _ = mc.load(folder)
         n, k = tensors[f"{O_PROJ}.weight"].shape
-        layer = linear(flat, O_PROJ, n, k)
+        layer = linear(sm90, flat, O_PROJ, n, k)
         assert type(layer.quant_method).__name__ == "ModelOptFp8LinearMethod"
         params = dict(layer.named_parameters())
         assert set(params) == {"weight", "weight_scale", "input_scale"}
@@ -288,14 +296,14 @@ def test_sglang_serves_modelopt_fp8_with_its_fp8_methods(out, sm90):
             t = tensors[f"{O_PROJ}.{leaf}"]
             assert p.dtype == t.dtype and p.numel() == t.numel(), leaf  # scalars -> [1]
         for config in (flat, nested):
-            assert isinstance(linear(config, "lm_head", 512, HIDDEN).quant_method,
-                              UnquantizedLinearMethod)  # fmt: skip
+            assert isinstance(linear(sm90, config, "lm_head", 512, HIDDEN).quant_method,
+                              sm90.UnquantizedLinearMethod)  # fmt: skip
         if kind != "moe-large":
             continue
         for config in (flat, nested):
-            router = linear(config, "model.layers.0.mlp.gate", EXPERTS, HIDDEN)
-            assert isinstance(router.quant_method, UnquantizedLinearMethod)
-        layer = moe_layer()
+            router = linear(sm90, config, "model.layers.0.mlp.gate", EXPERTS, HIDDEN)
+            assert isinstance(router.quant_method, sm90.UnquantizedLinearMethod)
+        layer = moe_layer(sm90)
         method = flat.get_quant_method(layer, prefix=EXPERTS_PREFIX)
         assert type(method).__name__ == "ModelOptFp8MoEMethod"
         params = create_moe_weights(layer, method)
