@@ -3,6 +3,7 @@
 # writes bf16, compressed-tensors NVFP4, ModelOpt NVFP4 and dequantized references under
 # .work/checkpoints/. The producers live in .work/ckpt-venv, layered over PYTHON's packages.
 # Usage: serve/make-checkpoints.sh [--tiny] [--models dense,dense-bias,moe] [--steps N]
+#        serve/make-checkpoints.sh [--tiny] --models dense-large,moe-large   (speed models, FP8 too)
 # Env: PYTHON  interpreter whose packages the venv sees (default .work/venv/bin/python)
 #      PIP_ARGS extra pip arguments (e.g. --no-index --find-links WHEELHOUSE on an offline host)
 set -euo pipefail

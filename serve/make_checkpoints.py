@@ -1,8 +1,9 @@
 """Make small, trained, deterministic models and their NVFP4 checkpoints for serving tests.
 
-For each model (``dense``: Llama, no bias; ``dense-bias``: Qwen2, qkv bias; ``moe``: Qwen3-MoE,
-8 experts, top-2) this trains briefly on Python's own standard-library sources (a byte-level
-BPE tokenizer trained on the same text; every 20th file held out for perplexity), then writes:
+For each trained model (``dense``: Llama, no bias; ``dense-bias``: Qwen2, qkv bias; ``moe``:
+Qwen3-MoE, 8 experts, top-2) this trains briefly on Python's own standard-library sources (a
+byte-level BPE tokenizer trained on the same text; every 20th file held out for perplexity), then
+writes:
 
   OUT/MODEL/bf16/                the trained model, unquantized (bf16)
   OUT/MODEL/ct-nvfp4/            compressed-tensors nvfp4-pack-quantized (W4A4 NVFP4 scheme),
@@ -13,8 +14,30 @@ BPE tokenizer trained on the same text; every 20th file held out for perplexity)
   OUT/MODEL/reference-modelopt/  dequantization (bf16), checked against the producer's reader
   OUT/heldout.txt, OUT/MODEL/train.json   the held-out text and the training record
 
-Seeds are fixed, so a rerun on the same Python and package versions gives the same files. The
-script runs on CUDA when available, else CPU (``--tiny`` for a quick check).
+The speed models (``--models dense-large,moe-large``; not in the default list) are not trained:
+``dense-large`` is a Llama of Llama-3.1-8B width (hidden 4096, intermediate 14336, 32 / 8 heads,
+8 layers), ``moe-large`` a Qwen3-MoE of Qwen3-30B-A3B's expert shape (hidden 2048, 128 experts
+top-8, expert 768, 4 layers). Their weights are random (normal, std 0.02, each projection and
+each expert's gate / up / down scaled by its own seeded factor in [0.5, 2], so that per-tensor
+scales differ as a real observer's would), drawn on CUDA when present (so a CUDA host and a CPU
+host write different numbers). They share the trained models' tokenizer. Per model:
+
+  OUT/MODEL/bf16/, ct-nvfp4/, modelopt-nvfp4/   as above (same producers, same code)
+  OUT/MODEL/ct-fp8/              compressed-tensors float-quantized, FP8_DYNAMIC scheme (W8A8:
+                                 FP8 E4M3 weights per output channel, dynamic per-token
+                                 activations), by compressed-tensors' own observer arithmetic
+                                 (calculate_qparams) and FloatQuantizationCompressor
+  OUT/MODEL/modelopt-fp8/        ModelOpt FP8 by nvidia-modelopt (FP8_DEFAULT_CFG: per-tensor
+                                 weight and static input scales) + export_hf_checkpoint
+  OUT/MODEL/make.json            parameters, formats written, their sizes on disk, seconds
+
+No references are written for them and the per-weight reader check is skipped: accuracy is
+measured on the trained models; these exist to time decode and prefill. Calibration (ModelOpt's
+forward loop, ct-nvfp4's input_global_scale) uses a few seeded random-token windows.
+``--tiny`` makes every model at hidden 256, 2 layers (the MoE ones with 8 experts, top-2).
+
+Seeds are fixed, so a rerun on the same Python, device and package versions gives the same files.
+The script runs on CUDA when available, else CPU (``--tiny`` for a quick check).
 """
 
 from __future__ import annotations
@@ -40,7 +63,8 @@ from nvfp4 import (  # noqa: E402
 )
 
 ROOT = Path(__file__).resolve().parent.parent
-MODELS = ("dense", "dense-bias", "moe")
+MODELS = ("dense", "dense-bias", "moe")  # trained; the default --models
+LARGE = ("dense-large", "moe-large")  # random weights, for timing (with FP8 twins)
 QUANTIZED = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
 
 
@@ -126,6 +150,80 @@ def make_config(kind: str, vocab: int, tiny: bool):
         head_dim=hidden // heads,
         **common,
     )
+
+
+def large_config(kind: str, vocab: int, tiny: bool):
+    """The speed models' shapes (random weights); ``tiny``: hidden 256, 2 layers, 8 experts."""
+    from transformers import LlamaConfig, Qwen3MoeConfig
+
+    common = dict(
+        vocab_size=vocab,
+        max_position_embeddings=16384,  # room for an 8192-token prefill plus decode
+        tie_word_embeddings=False,
+        bos_token_id=0,
+        eos_token_id=0,
+    )
+    if kind == "dense-large":  # Llama-3.1-8B width, 8 layers
+        shape = dict(hidden_size=256, intermediate_size=896, num_hidden_layers=2,
+                     num_attention_heads=4, num_key_value_heads=2) if tiny else dict(
+                     hidden_size=4096, intermediate_size=14336, num_hidden_layers=8,
+                     num_attention_heads=32, num_key_value_heads=8)  # fmt: skip
+        return LlamaConfig(
+            **shape, **common, attention_bias=False, mlp_bias=False, rms_norm_eps=1e-5,
+            rope_theta=500000.0, architectures=["LlamaForCausalLM"],
+        )  # fmt: skip
+    if kind == "moe-large":  # Qwen3-30B-A3B's experts and attention, 4 layers
+        shape = dict(hidden_size=256, num_hidden_layers=2, num_attention_heads=4,
+                     num_key_value_heads=2, head_dim=64, num_experts=8, num_experts_per_tok=2,
+                     moe_intermediate_size=128) if tiny else dict(
+                     hidden_size=2048, num_hidden_layers=4, num_attention_heads=32,
+                     num_key_value_heads=4, head_dim=128, num_experts=128,
+                     num_experts_per_tok=8, moe_intermediate_size=768)  # fmt: skip
+        return Qwen3MoeConfig(
+            **shape, **common, intermediate_size=6144, decoder_sparse_step=1, mlp_only_layers=[],
+            norm_topk_prob=True, rms_norm_eps=1e-6, rope_theta=1000000.0,
+            architectures=["Qwen3MoeForCausalLM"],
+        )  # fmt: skip
+    raise ValueError(f"unknown large model {kind!r}; choose from {LARGE}")
+
+
+def seed_of(kind: str) -> int:
+    return sum(kind.encode()) * 7919  # fixed per model name
+
+
+@torch.no_grad()
+def random_model(config, device: str, seed: int):
+    """A bf16 model with seeded random weights, drawn on ``device``.
+
+    Matrices ~ N(0, 0.02) (HF's init), then each quantized projection (and, for fused experts,
+    each expert's gate, up and down) is multiplied by its own factor 2**u, u ~ U(-1, 1), drawn
+    on the CPU: per-tensor maxima, hence NVFP4 / FP8 per-tensor scales, differ between q/k/v,
+    gate/up and w1/w3 as they do in a calibrated real model. Norms are 1.
+    """
+    from transformers import AutoModelForCausalLM
+
+    with torch.device(device):
+        model = AutoModelForCausalLM.from_config(config, dtype=torch.bfloat16)
+    gen = torch.Generator(device=device).manual_seed(seed)
+    factors = torch.Generator().manual_seed(seed + 1)
+
+    def factor(*shape) -> torch.Tensor:
+        return torch.exp2(torch.rand(shape, generator=factors) * 2 - 1).to(device, torch.bfloat16)
+
+    for name, p in model.named_parameters():
+        if p.dim() == 1:
+            p.fill_(1.0)
+            continue
+        p.normal_(0.0, 0.02, generator=gen)
+        if name.endswith("mlp.experts.gate_up_proj"):  # [E, 2I, H]: gate rows, then up rows
+            e, two_i, h = p.shape
+            p.view(e, 2, two_i // 2, h).mul_(factor(e, 2, 1, 1))
+        elif name.endswith("mlp.experts.down_proj"):  # [E, H, I]
+            p.mul_(factor(p.shape[0], 1, 1))
+        elif is_quantized(name):
+            p.mul_(factor())
+    model.eval()
+    return model
 
 
 def train(model, ids: torch.Tensor, steps: int, seq: int, batch: int, device: str) -> list[float]:
@@ -261,11 +359,14 @@ def load(folder: Path) -> tuple[dict[str, torch.Tensor], dict]:
     return tensors, json.loads((folder / "config.json").read_text())
 
 
-def export_compressed_tensors(bf16: dict, config: dict, amax, dst: Path, tok_dir: Path) -> int:
+def export_compressed_tensors(
+    bf16: dict, config: dict, amax, dst: Path, tok_dir: Path, device: str = "cpu"
+) -> int:
     """compressed-tensors NVFP4 (W4A4 scheme, nvfp4-pack-quantized), packed by its compressor.
 
     The scales follow the producers' observer (serve/nvfp4.nvfp4_scales); the E2M1 rounding and
-    packing are compressed-tensors' own (NVFP4PackedCompressor.compress).
+    packing are compressed-tensors' own (NVFP4PackedCompressor.compress), run on ``device``
+    (compressed-tensors picks its Triton kernels for CUDA tensors).
     """
     from compressed_tensors.compressors.nvfp4.base import NVFP4PackedCompressor
     from compressed_tensors.quantization import QuantizationConfig, preset_name_to_scheme
@@ -276,6 +377,7 @@ def export_compressed_tensors(bf16: dict, config: dict, amax, dst: Path, tok_dir
         if not is_quantized(name):
             out[name] = t
             continue
+        t = t.to(device)
         block_scale, global_scale = nvfp4_scales(t)
         module = name.removesuffix(".weight")
         packed = NVFP4PackedCompressor.compress(
@@ -283,25 +385,75 @@ def export_compressed_tensors(bf16: dict, config: dict, amax, dst: Path, tok_dir
              "weight_global_scale": global_scale},
             scheme,
         )  # fmt: skip
-        out[f"{module}.weight_packed"] = packed["weight_packed"]
-        out[f"{module}.weight_scale"] = packed["weight_scale"]
-        out[f"{module}.weight_global_scale"] = global_scale
+        out[f"{module}.weight_packed"] = packed["weight_packed"].cpu()
+        out[f"{module}.weight_scale"] = packed["weight_scale"].cpu()
+        out[f"{module}.weight_global_scale"] = global_scale.cpu()
         out[f"{module}.input_global_scale"] = activation_global_scale(input_amax_for(name, amax))
         count += 1
-    routers = sorted(n.removesuffix(".weight") for n in bf16 if n.endswith("mlp.gate.weight"))
     qc = QuantizationConfig(
         config_groups={"group_0": scheme},
         format="nvfp4-pack-quantized",
         quantization_status="compressed",
-        ignore=["lm_head", *routers],
+        ignore=ct_ignore(bf16),
     )
     config = {**config, "quantization_config": json.loads(qc.model_dump_json())}
     save(dst, out, config, tok_dir)
     return count
 
 
-def export_modelopt(src: Path, dst: Path, calib: list[torch.Tensor], tok_dir: Path) -> bool:
-    """ModelOpt NVFP4 by nvidia-modelopt itself: mtq.quantize + export_hf_checkpoint."""
+def ct_ignore(bf16: dict) -> list[str]:
+    """Modules compressed-tensors leaves unquantized: the LM head and the MoE routers."""
+    return [
+        "lm_head",
+        *sorted(n.removesuffix(".weight") for n in bf16 if n.endswith("mlp.gate.weight")),
+    ]
+
+
+def export_compressed_tensors_fp8(
+    bf16: dict, config: dict, dst: Path, tok_dir: Path, device: str = "cpu"
+) -> int:
+    """compressed-tensors FP8 W8A8 (float-quantized, the FP8_DYNAMIC preset scheme).
+
+    Weights: FP8 E4M3 with one float32 scale per output channel ([N, 1]) from compressed-tensors'
+    own observer arithmetic (calculate_qparams over each row's min / max), cast by its
+    FloatQuantizationCompressor; activations are quantized per token at run time (no scales
+    stored). The LM head and MoE routers stay bf16.
+    """
+    from compressed_tensors.compressors.naive_quantized.base import FloatQuantizationCompressor
+    from compressed_tensors.quantization import QuantizationConfig, preset_name_to_scheme
+    from compressed_tensors.quantization.utils import calculate_qparams
+
+    scheme = preset_name_to_scheme("FP8_DYNAMIC", ["Linear"])
+    out, count = {}, 0
+    for name, t in bf16.items():
+        if not is_quantized(name):
+            out[name] = t
+            continue
+        w = t.to(device).float()
+        scale, _ = calculate_qparams(
+            w.amin(dim=1, keepdim=True), w.amax(dim=1, keepdim=True), scheme.weights
+        )
+        module = name.removesuffix(".weight")
+        packed = FloatQuantizationCompressor.compress({"weight": w, "weight_scale": scale}, scheme)
+        out[f"{module}.weight"] = packed["weight"].cpu()
+        out[f"{module}.weight_scale"] = scale.to(torch.float32).cpu()
+        count += 1
+    qc = QuantizationConfig(
+        config_groups={"group_0": scheme},
+        format="float-quantized",
+        quantization_status="compressed",
+        ignore=ct_ignore(bf16),
+    )
+    config = {**config, "quantization_config": json.loads(qc.model_dump_json())}
+    save(dst, out, config, tok_dir)
+    return count
+
+
+def export_modelopt(
+    src: Path, dst: Path, calib: list[torch.Tensor], tok_dir: Path, algo: str = "NVFP4"
+) -> bool:
+    """ModelOpt ``algo`` (NVFP4 or FP8) by nvidia-modelopt itself: mtq.quantize with
+    NVFP4_DEFAULT_CFG / FP8_DEFAULT_CFG over ``calib``, then export_hf_checkpoint."""
     try:
         import modelopt.torch.quantization as mtq
         from modelopt.torch.export import export_hf_checkpoint
@@ -317,13 +469,15 @@ def export_modelopt(src: Path, dst: Path, calib: list[torch.Tensor], tok_dir: Pa
         for x in calib:
             m(input_ids=x.unsqueeze(0))
 
-    model = mtq.quantize(model, mtq.NVFP4_DEFAULT_CFG, forward_loop)
+    model = mtq.quantize(model, getattr(mtq, f"{algo}_DEFAULT_CFG"), forward_loop)
     tmp = dst.with_name(dst.name + ".partial")
     shutil.rmtree(tmp, ignore_errors=True)
     export_hf_checkpoint(model, export_dir=str(tmp))
     for f in tok_dir.iterdir():
         shutil.copy2(f, tmp / f.name)
     replace_dir(tmp, dst)
+    del model
+    free_device_memory(calib[0].device.type)
     return True
 
 
@@ -388,10 +542,88 @@ PRODUCER_READERS = {
 }
 
 
+def disk_size(folder: Path) -> int:
+    return sum(f.stat().st_size for f in folder.rglob("*") if f.is_file())
+
+
+def mib(n: int) -> str:
+    return f"{n / 2**20:.1f} MiB"
+
+
+def free_device_memory(device: str) -> None:
+    if device == "cuda":
+        torch.cuda.empty_cache()
+
+
+def make_large(kind: str, out: Path, tokenizer, tok_dir: Path, tiny: bool, device: str) -> dict:
+    """One speed model: random bf16 weights, then ct-nvfp4, modelopt-nvfp4, ct-fp8, modelopt-fp8.
+
+    No references and no per-weight reader check (accuracy is the trained models' job); the
+    formats come from the same export functions as the trained models' NVFP4.
+    """
+    t0 = time.time()
+    folder = out / kind
+    config = large_config(kind, len(tokenizer), tiny)
+    model = random_model(config, device, seed_of(kind))
+    n = sum(p.numel() for p in model.parameters())
+    log(f"{kind}: {config.model_type}, {n / 1e6:.1f} M parameters, random weights on {device}")
+    seq = 128 if tiny else 512
+    gen = torch.Generator().manual_seed(seed_of(kind) + 2)
+    calib_ids = torch.randint(0, len(tokenizer), (8 * seq,), generator=gen)
+    calib = [calib_ids[w * seq : (w + 1) * seq].to(device) for w in range(8)]
+    amax = activation_amax(model, calib_ids, seq, device)
+    tmp = folder / "bf16.partial"
+    shutil.rmtree(tmp, ignore_errors=True)
+    model.save_pretrained(tmp)
+    tokenizer.save_pretrained(tmp)
+    replace_dir(tmp, folder / "bf16")
+    del model
+    free_device_memory(device)
+    formats: dict[str, dict] = {}
+
+    def done(name: str, t: float, **extra) -> None:
+        size = disk_size(folder / name)
+        formats[name] = {"bytes": size, "seconds": round(time.time() - t, 1), **extra}
+        log(f"  {name}: {mib(size)} in {time.time() - t:.1f} s")
+
+    done("bf16", t0)
+    bf16, cfg = load(folder / "bf16")
+    t = time.time()
+    log(f"  ct-nvfp4: compressed-tensors NVFP4 on {device}")
+    count = export_compressed_tensors(bf16, cfg, amax, folder / "ct-nvfp4", tok_dir, device)
+    done("ct-nvfp4", t, quantized_weights=count)
+    t = time.time()
+    log(f"  ct-fp8: compressed-tensors FP8_DYNAMIC on {device}")
+    count = export_compressed_tensors_fp8(bf16, cfg, folder / "ct-fp8", tok_dir, device)
+    done("ct-fp8", t, quantized_weights=count)
+    del bf16
+    for algo in ("NVFP4", "FP8"):
+        name, t = f"modelopt-{algo.lower()}", time.time()
+        log(f"  {name}: mtq.quantize({algo}_DEFAULT_CFG) over {len(calib)} x {seq} random tokens")
+        if export_modelopt(folder / "bf16", folder / name, calib, tok_dir, algo):
+            done(name, t)
+        elif (folder / name).exists():
+            shutil.rmtree(folder / name)  # an earlier run's, of other weights maybe
+            log(f"  {name}: removed the earlier run's folder (not remade without nvidia-modelopt)")
+        free_device_memory(device)
+    record = {"model": kind, "architecture": cfg["architectures"][0], "parameters": n,
+              "weights": "random (seeded), not trained", "device": device, "tiny": tiny,
+              "calibration": f"8 x {seq} random tokens", "formats": formats,
+              "seconds": round(time.time() - t0, 1), "torch": torch.__version__,
+              "python": sys.version.split()[0]}  # fmt: skip
+    (folder / "make.json").write_text(json.dumps(record, indent=2) + "\n")
+    log(f"{kind}: wrote {folder} ({', '.join(formats)}) in {time.time() - t0:.0f} s")
+    return record
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--out", type=Path, default=ROOT / ".work" / "checkpoints")
-    ap.add_argument("--models", default=",".join(MODELS))
+    ap.add_argument(
+        "--models",
+        default=",".join(MODELS),
+        help=f"comma-separated, from {','.join(MODELS + LARGE)} (default: the trained three)",
+    )
     ap.add_argument("--tiny", action="store_true", help="hidden 256, 2 layers: a quick check")
     ap.add_argument("--steps", type=int, default=None, help="training steps (default 600, tiny 30)")
     ap.add_argument("--vocab", type=int, default=None, help="BPE vocabulary (8192, tiny 2048)")
@@ -399,9 +631,12 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--corpus-kb", type=int, default=None, help="corpus size (12000, tiny 2000)")
     args = ap.parse_args(argv)
     models = [m for m in args.models.split(",") if m]
-    unknown = set(models) - set(MODELS)
+    unknown = set(models) - set(MODELS) - set(LARGE)
     if unknown:
-        print(f"error: unknown model(s) {sorted(unknown)}; choose from {MODELS}", file=sys.stderr)
+        print(
+            f"error: unknown model(s) {sorted(unknown)}; choose from {MODELS + LARGE}",
+            file=sys.stderr,
+        )
         return 2
     device = "cuda" if torch.cuda.is_available() else "cpu"
     steps = args.steps or (30 if args.tiny else 600)
@@ -424,6 +659,9 @@ def main(argv: list[str] | None = None) -> int:
     from transformers import AutoModelForCausalLM
 
     for kind in models:
+        if kind in LARGE:
+            make_large(kind, out, tokenizer, tok_dir, args.tiny, device)
+            continue
         torch.manual_seed(0)
         config = make_config(kind, len(tokenizer), args.tiny)
         model = AutoModelForCausalLM.from_config(config).to(device)
