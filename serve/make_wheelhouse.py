@@ -69,6 +69,13 @@ HOST = {
     "sentencepiece": "0.2.2",
     "tiktoken": "0.14.0",
     "accelerate": "1.15.0",
+    # Also in the image's package list (scipy for the checkpoint producers, pillow for the
+    # engine's multimodal imports); the resolver's stand-ins carry the versions this project
+    # pins, the image's own copies are what runs there.
+    "scipy": "1.17.1",
+    "pillow": "13.0.0",
+    "nvidia-ml-py": "13.615.71",
+    "setuptools": "81.0.0",
 }
 
 # Imported unconditionally on the engine's or the server's start path, yet absent from the pin's
@@ -112,8 +119,6 @@ LEFT_OUT = {
     "kernels": "FA3 from the hub only: guarded in jit_kernel/flash_attention_v3.py",
     "cuda-python": "guarded/lazy only (breakable CUDA graph, host shared memory); the host image "
     "has cuda-bindings, cuda-core and cuda-pathfinder",
-    "scipy": "imported only by multimodal_gen, jit_kernel benchmarks/tests; the host image has "
-    "scipy",
     "decord2": "aarch64/arm only (environment marker)",
     "av": "aarch64/arm only (environment marker)",
 }
