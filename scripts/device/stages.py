@@ -74,6 +74,12 @@ STAGES: dict[str, Stage] = {
             ("bench.json", "bench.md", "bench.png"),
             _modules(patched=MARLIN.format("bf16"), upstream="up_gptq_marlin:bf16 up_repack"),
         ),
+        Stage(  # numerics' fused-shards cases alone (its numerics.json holds only those)
+            "fused_shards",
+            (*PYTEST, "tests/gpu/test_fused_shards.py"),
+            ("numerics.json",),
+            _modules(patched=f"{MARLIN.format('bf16')} {MARLIN.format('fp16')}"),
+        ),
         Stage(
             "e2e",
             ("serve/e2e.py", "run", "--out", "{report_dir}"),

@@ -1,0 +1,93 @@
+#!/usr/bin/env bash
+# The end-to-end run on an offline CUDA host, in one command (serve/README.md section 3).
+# Run from the repository root, with .work/ holding what was made on a connected machine:
+#   .work/wheelhouse/part-*/   the wheelhouse (scripts/make-wheelhouse.sh --split-mb N)
+#   .work/build/sglang-*.whl   the patched pin (python -m fp4series build ... --compile-targets none)
+#   .work/cache/wheels/sglang-0.5.11-*.whl   the bare pin (the negative control)
+#   .work/revision.json        the series revision the reports record
+# Each step is skipped when its result is there, so running it again resumes:
+#   1. installs the wheelhouse into .work/gpu-site (pip --target; the image's python3 is a venv)
+#   2. unpacks the patched and the bare pin's python trees
+#   3. starts the Marlin JIT builds in the background (scripts/gpu-proof.sh --build-only)
+#   4. makes the checkpoints (serve/make_checkpoints.py: the three trained models, then the
+#      speed models dense-large and moe-large with their FP8 twins), in the background
+#   5. the GPU numerics of fused shards (stage fused_shards), then the e2e stage (serve/e2e.py)
+#      until --deadline; e2e.json / e2e.md / numerics.json land in --out.
+#   serve/gpu-host.sh [--deadline SECONDS] [--out DIR] [--prepare-only]
+set -euo pipefail
+cd "$(dirname "${BASH_SOURCE[0]}")/.."
+DEADLINE=0 OUT=.work/gpu-host-out PREPARE_ONLY=0
+while [ $# -gt 0 ]; do
+  case "$1" in
+    --deadline) DEADLINE="$2"; shift 2 ;;
+    --out) OUT="$2"; shift 2 ;;
+    --prepare-only) PREPARE_ONLY=1; shift ;;
+    -h|--help) sed -n '2,19p' "$0"; exit 0 ;;
+    *) echo "error: unknown option $1 (see --help)" >&2; exit 2 ;;
+  esac
+done
+T0=$SECONDS
+step() { echo "==> [gpu-host +$((SECONDS - T0))s] $*"; }
+export PYTHONUNBUFFERED=1
+SITE=$PWD/.work/gpu-site
+mkdir -p "$OUT" .work/logs
+
+if [ ! -f "$SITE/.installed" ]; then
+  step "install the wheelhouse into .work/gpu-site"
+  python3 serve/make_wheelhouse.py --join .work/wheelhouse
+  python3 -m pip install -q --no-index --no-deps --no-compile --target "$SITE" \
+    --find-links .work/wheelhouse --require-hashes -r serve/wheelhouse.lock
+  touch "$SITE/.installed"
+fi
+export PYTHONPATH=$SITE
+if [ ! -f .work/checkout/python/sglang/srt/layers/quantization/marlin_utils_fp4.py ]; then
+  step "unpack the patched pin and the bare pin"
+  python3 -m zipfile -e "$(ls -t .work/build/sglang-*.whl | head -1)" .work/checkout/python
+  python3 -m zipfile -e "$(ls .work/cache/wheels/sglang-0.5.11-*.whl | head -1)" \
+    .work/upstream/v0.5.11/python
+fi
+FP4SERIES_SERIES_REVISION="$(cat .work/revision.json)"
+export FP4SERIES_SERIES_REVISION
+if [ ! -f .work/logs/builds.started ]; then
+  step "Marlin JIT builds (background; e2e waits for them)"
+  touch .work/logs/builds.started
+  setsid scripts/gpu-proof.sh --stages fused_shards,e2e --build-only --deadline 1800 \
+    > .work/logs/builds.log 2>&1 < /dev/null &
+fi
+CKPT=.work/checkpoints/full
+if [ ! -f "$CKPT/made-large" ] && ! pgrep -f serve/make_checkpoints.py >/dev/null; then
+  step "checkpoints (background; log .work/logs/checkpoints.log)"
+  setsid bash -c "set -e; [ -f $CKPT/made-trained ] || { python3 serve/make_checkpoints.py; \
+    touch $CKPT/made-trained; }; python3 serve/make_checkpoints.py \
+    --models dense-large,moe-large; touch $CKPT/made-large" \
+    >> .work/logs/checkpoints.log 2>&1 < /dev/null &
+  sleep 2
+fi
+[ "$PREPARE_ONLY" = 1 ] && { step "prepared (builds and checkpoints go on)"; exit 0; }
+
+left() { [ "$DEADLINE" = 0 ] && echo 100000 || echo $((DEADLINE - (SECONDS - T0))); }
+while [ ! -f "$CKPT/made-trained" ]; do  # the speed models may still be in the making
+  if pgrep -f serve/make_checkpoints.py >/dev/null; then
+    [ "$(left)" -lt 60 ] && { step "deadline: checkpoints still being made"; exit 3; }
+    sleep 5
+  else
+    step "checkpoints failed: tail of .work/logs/checkpoints.log"
+    tail -20 .work/logs/checkpoints.log
+    exit 1
+  fi
+done
+while pgrep -f "gpu_proof.py --stages fused_shards,e2e --build-only" >/dev/null; do
+  [ "$(left)" -lt 60 ] && { step "deadline: the Marlin builds are still running"; exit 3; }
+  sleep 5  # the stages below reuse those builds instead of starting their own
+done
+if [ ! -f "$OUT/fused_shards/numerics.json" ]; then
+  step "stage fused_shards"
+  scripts/gpu-proof.sh --stages fused_shards --deadline "$(left)" --out "$OUT/fused_shards" || true
+fi
+if [ ! -f "$CKPT/made-large" ]; then  # the gated units first; the speed units next time
+  step "stage e2e without the speed models (their checkpoints are still being made)"
+  export FP4SERIES_E2E_ARGS="${FP4SERIES_E2E_ARGS:-} --only negative,case,unquantized,http"
+else
+  step "stage e2e (resumes what an earlier run finished)"
+fi
+scripts/gpu-proof.sh --stages e2e --deadline "$(left)" --out "$OUT"
