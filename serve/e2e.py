@@ -745,6 +745,19 @@ def _fmt(value: Any, spec: str = ".4f") -> str:
     return str(value)
 
 
+def portable(value: Any, root: Path) -> Any:
+    """The report with the repository's own folder left out of every path in it: a committed
+    report names the project's files (``.work/checkpoints/...``), not the host's layout."""
+    prefix = str(root).rstrip("/") + "/"
+    if isinstance(value, str):
+        return value.replace(prefix, "")
+    if isinstance(value, list):
+        return [portable(v, root) for v in value]
+    if isinstance(value, dict):
+        return {k: portable(v, root) for k, v in value.items()}
+    return value
+
+
 def render_markdown(report: Mapping[str, Any]) -> str:
     """e2e.md: the report's tables and what its check says."""
     problems: list[str] = []
@@ -1049,6 +1062,7 @@ class Runner:
                                  self.commands, self.versions)  # fmt: skip
         if self.stop_reason:
             report["stopped"] = self.stop_reason
+        report = portable(report, ROOT)
         self.args.out.mkdir(parents=True, exist_ok=True)
         write_json(self.args.out / "e2e.json", report)
         (self.args.out / "e2e.md").write_text(render_markdown(report))
@@ -1061,7 +1075,7 @@ class Runner:
         prev = self.records.get(unit.id)
         if prev and prev.get("data"):
             job["previous"] = prev["data"]  # finished sessions of a case are kept
-        if unit.kind in ("case", "unquantized"):
+        if unit.kind in ("case", "unquantized", "speed"):
             if self.tokens is None:
                 self.tokens = self.load_tokens()
             job["tokens"] = self.tokens

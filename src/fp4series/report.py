@@ -47,7 +47,7 @@ META_FIELDS = ("command", "series_revision", "pin", "device", "torch", "date")
 REVISION_ENV = "FP4SERIES_SERIES_REVISION"  # JSON, set where the repo has no .git (device)
 DEFAULT_REPORT_DIR = Path("reports") / "h200"
 # Fused shards with different global scales (tests/gpu/test_fused_shards.py): every dense
-# path x layer x ratio x dtype, and MoE with w1 != w3 per path x dtype.
+# path x layer x ratio x dtype, and MoE with w3 / w1 at every ratio, served, per path x dtype.
 FUSED_LAYERS = ("qkv", "gate_up")
 FUSED_RATIOS = (2.0, 0.5, 1e-3)
 FUSED_OUTCOMES = ("served", "refused")
@@ -381,10 +381,17 @@ def check_fused_shards(data: Mapping[str, Any], problems: list[str]) -> None:
                 for ratio in FUSED_RATIOS:
                     if (path, layer, dtype, ratio) not in seen:
                         problems.append(f"{name}: no case for {path} {layer} {dtype} ratio {ratio}")
+    served = {
+        (c.get("path"), c.get("dtype"), c.get("ratio"))
+        for c in cases
+        if isinstance(c, Mapping) and c.get("layer") == "moe_w13" and c.get("outcome") == "served"
+    }
     for path in MOE_PATHS:
         for dtype in DTYPES:
-            if not any(k[0] == path and k[1] == "moe_w13" and k[2] == dtype for k in seen):
-                problems.append(f"{name}: no w1 != w3 case for {path} {dtype}")
+            for ratio in FUSED_RATIOS:  # w3 / w1: any ratio is served exactly (patch 10)
+                if (path, dtype, ratio) not in served:
+                    problems.append(f"{name}: no served w1 != w3 case for {path} {dtype} "
+                                    f"w3/w1 {ratio}")  # fmt: skip
 
 
 def check_conformance(data: Mapping[str, Any], problems: list[str]) -> None:

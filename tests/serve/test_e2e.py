@@ -767,3 +767,14 @@ def test_free_port_leaves_room_for_the_ports_sglang_derives():
         again = e2e_engine.free_port(start=port)
     assert again != port
     assert all(e2e_engine._port_free(again + d) for d in e2e_engine.DERIVED_PORT_OFFSETS)
+
+
+def test_reports_name_project_paths_not_the_hosts() -> None:
+    root = Path("/srv/ci/checkout")
+    rep = {"checkpoint": "/srv/ci/checkout/.work/checkpoints/full/dense/ct-nvfp4",
+           "commands": ["PYTHONPATH=/srv/ci/checkout/.work/gpu-site python x"], "n": 3,
+           "other": "/opt/elsewhere"}  # fmt: skip
+    out = e2e.portable(rep, root)
+    assert out["checkpoint"] == ".work/checkpoints/full/dense/ct-nvfp4"
+    assert out["commands"] == ["PYTHONPATH=.work/gpu-site python x"]
+    assert (out["n"], out["other"]) == (3, "/opt/elsewhere")

@@ -70,14 +70,15 @@ def _fused_shards() -> list[dict[str, Any]]:
                     )  # fmt: skip
     for path in report.MOE_PATHS:
         for dtype in report.DTYPES:
+            for ratio in report.FUSED_RATIOS:
+                cases.append(
+                    {"path": path, "layer": "moe_w13", "dtype": dtype, "ratio": ratio,
+                     "outcome": "served", "m": 33, "rel_l2": 5e-3}
+                )  # fmt: skip
             cases.append(
-                {"path": path, "layer": "moe_w13", "dtype": dtype, "ratio": 2.0,
-                 "outcome": "served", "m": 33, "rel_l2": 5e-3}
-            )  # fmt: skip
-            cases.append(
-                {"path": path, "layer": "moe_w13", "dtype": dtype, "ratio": 3.0,
+                {"path": path, "layer": "moe_w13", "dtype": dtype, "ratio": 1e-5,
                  "outcome": "refused",
-                 "error": "expert 0 (w1 global scale 0.0002, w3 global scale 0.0006): ..."}
+                 "error": "expert 0 (w1 global scale 0.0002, w3 global scale 2e-09): ..."}
             )  # fmt: skip
     return cases
 
@@ -335,6 +336,11 @@ def test_fused_shards_refusal_must_name_the_scales_and_coverage(tmp_path: Path) 
     text = "\n".join(problems)
     assert "a refusal must carry the error naming the global scales" in text
     assert "no case for modelopt-dense qkv float16 ratio 0.001" in text
+    numerics = _numerics()  # an MoE ratio refused (or absent) where it must be served
+    moe = next(c for c in numerics["fused_shards"] if c["layer"] == "moe_w13" and c["ratio"] == 0.5)
+    moe.update(outcome="refused", error="expert 1 (w1 global scale 0.5, w3 global scale 0.25)")
+    text = "\n".join(report.check_report_dir(_write(tmp_path, numerics=numerics)))
+    assert f"no served w1 != w3 case for {moe['path']} {moe['dtype']} w3/w1 0.5" in text
     del numerics["fused_shards"]
     problems = report.check_report_dir(_write(tmp_path, numerics=numerics))
     assert problems == [
