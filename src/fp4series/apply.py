@@ -7,7 +7,9 @@ Only when every patch went in is the checkout moved to the result, by checkout.i
 compare-and-swap that never resets, cleans or overwrites anything the user has (see checkout.py
 for the lock, the step order and the recovery of a killed run). When the checkout moved on while
 apply ran, the result is left on refs/fp4series/applied/<branch> and the report says how to take
-it. A failing patch, a refusal or --check change nothing at all.
+it. That ref is apply's own only when apply made it (its reflog says so): one the user made
+there is refused up front, never overwritten nor deleted. A failing patch, a refusal or --check
+change nothing at all.
 
 Public API (stable):
     apply_series(checkout, patches, *, check=False, allow_base_mismatch=False, lock=None,
@@ -34,7 +36,7 @@ from __future__ import annotations
 import argparse
 import signal
 from collections.abc import Iterator
-from contextlib import contextmanager, suppress
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -261,6 +263,8 @@ def apply_series(
             raise co.stale_index_lock_error(repo)
         gitops.require_clean(repo)
         branch = _branch(repo, check)
+        if branch is not None and not check:
+            _refuse_users_result_ref(repo, result_ref(branch))
         head = gitops.head_sha(repo)
         assert head is not None
         report = _build(repo, patches, head, check, allow_base_mismatch, lock, cache_dir, progress)
@@ -272,7 +276,7 @@ def apply_series(
         ref = result_ref(branch)
         short = branch.removeprefix("refs/heads/")
         with progress.step(f"move {short} to the result"), co.signals_held() as got:
-            repo.git.update_ref("-m", "fp4series apply: result", ref, report.head_after)
+            co.write_result_ref(repo, ref, report.head_after)
             try:
                 why = co.install(repo, branch, head, report.head_after)
             except BaseException as exc:
@@ -298,8 +302,15 @@ def apply_series(
 
 
 def _drop_ref(repo: Repo, ref: str, value: str) -> None:
-    with suppress(git.GitCommandError):  # already gone, or a full disk: only our own ref stays
-        repo.git.update_ref("-d", ref, value)
+    co.drop_result_ref(repo, ref, value)
+
+
+def _refuse_users_result_ref(repo: Repo, ref: str) -> None:
+    """apply may have to leave its result on REF: one the user made there is refused up front
+    (before any work), so it is never overwritten nor deleted."""
+    value, ours = co.result_ref_value(repo, ref)
+    if value is not None and not ours:
+        raise co.users_result_ref_error(repo, ref, value)
 
 
 def _build(

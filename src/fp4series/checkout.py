@@ -108,6 +108,64 @@ def result_ref(branch: str) -> str:
     return RESULT_REF_PREFIX + branch.removeprefix("refs/heads/")
 
 
+RESULT_REF_MESSAGE = "fp4series apply: result"
+
+
+def result_ref_value(repo: Repo, ref: str) -> tuple[str | None, bool]:
+    """(the commit REF holds or None, whether apply made it). apply creates its result refs
+    with a reflog whose newest entry is RESULT_REF_MESSAGE at that commit; a ref made or moved
+    by anyone else fails that test and is the user's."""
+    value = branch_tip(repo, ref)
+    if value is None:
+        return None, False
+    try:
+        top = repo.git.log("-g", "-1", "--format=%H%x09%gs", ref, "--")
+    except git.GitCommandError:
+        return value, False
+    sha, _tab, said = top.partition("\t")
+    return value, sha == value and said == RESULT_REF_MESSAGE
+
+
+def users_result_ref_error(repo: Repo, ref: str, value: str) -> SeriesError:
+    where = repo.working_tree_dir
+    try:
+        subject = repo.git.log("-1", "--format=%s", value, "--")
+    except git.GitCommandError:
+        subject = "?"
+    keep = "keep-" + ref.removeprefix(RESULT_REF_PREFIX).replace("/", "-")
+    return SeriesError(
+        f"{ref} already exists and apply did not make it (it holds {value[:12]} {subject!r}); "
+        "apply leaves its result there when the checkout moves on meanwhile, so nothing was "
+        "changed",
+        hint=f"keep that commit under another name and free the ref (git -C {where} branch "
+        f"{keep} {value} && git -C {where} update-ref -d {ref} {value}), then run apply again",
+    )
+
+
+def write_result_ref(repo: Repo, ref: str, new: str) -> None:
+    """Create REF at NEW, or replace a result apply itself left there; a ref of the user's
+    (or one that appears meanwhile: the update is a compare-and-swap) is refused."""
+    value, ours = result_ref_value(repo, ref)
+    if value is not None and not ours:
+        raise users_result_ref_error(repo, ref, value)
+    try:
+        repo.git.update_ref("--create-reflog", "-m", RESULT_REF_MESSAGE, ref, new, value or "")
+    except git.GitCommandError:
+        now, _ours = result_ref_value(repo, ref)
+        if now is not None and now != value:
+            raise users_result_ref_error(repo, ref, now) from None
+        raise
+
+
+def drop_result_ref(repo: Repo, ref: str, value: str) -> None:
+    """Delete REF if it is still apply's own result at VALUE (never a ref of the user's)."""
+    now, ours = result_ref_value(repo, ref)
+    if now != value or not ours:
+        return
+    with suppress(git.GitCommandError):  # already gone, or a full disk: only our own ref stays
+        repo.git.update_ref("-d", ref, value)
+
+
 def pause(point: str) -> None:
     """Block at a named point while a test acts on the checkout (no-op unless asked)."""
     assert point in PAUSE_POINTS, point
@@ -786,8 +844,7 @@ def _recover(repo: Repo) -> tuple[str, bool] | None:
     what, done, foreign = _settle(
         repo, branch, old, new, f"an interrupted apply was moving {short}"
     )
-    with suppress(git.GitCommandError):  # its result, now applied or undone
-        repo.git.update_ref("-d", result_ref(branch), new)
+    drop_result_ref(repo, result_ref(branch), new)  # its result, now applied or undone
     if what == "finished":
         return f"finished an apply that was interrupted: {branch} is at {new[:12]}", True
     root = repo.working_tree_dir

@@ -284,6 +284,64 @@ def test_commit_at_each_point_is_kept(env: Env, tmp_path: Path, point: str) -> N
     assert_no_debris(co)
 
 
+def _user_result_ref(co: Path) -> str:
+    """A commit of the user's on refs/fp4series/applied/work, reachable from nothing else."""
+    (co / "mine.txt").write_text("mine\n")
+    git(co, "add", "mine.txt")
+    git(co, "commit", "-q", "-m", "my own result")
+    mine = git(co, "rev-parse", "HEAD").strip()
+    git(co, "reset", "-q", "--hard", "HEAD~1")
+    git(co, "update-ref", "refs/fp4series/applied/work", mine)
+    return mine
+
+
+def test_result_ref_the_user_made_is_refused_untouched(env: Env) -> None:
+    co = env.clone("co")
+    mine = _user_result_ref(co)
+    head = git(co, "rev-parse", "HEAD").strip()
+    proc = run(env, co)
+    assert proc.returncode == 1, proc.stdout + proc.stderr
+    assert "refs/fp4series/applied/work already exists and apply did not make it" in proc.stderr
+    assert mine[:12] in proc.stderr and "Traceback" not in proc.stderr
+    assert git(co, "rev-parse", "refs/fp4series/applied/work").strip() == mine
+    assert git(co, "rev-parse", "HEAD").strip() == head
+    hint = proc.stderr.split("free the ref (", 1)[1].split("), then", 1)[0]
+    subprocess.run(["bash", "-c", hint], check=True, capture_output=True)  # followed as written
+    again = run(env, co)
+    assert again.returncode == 0, again.stdout + again.stderr
+    assert series_on_top(co) and not result_refs(co)
+    assert git(co, "rev-parse", "refs/heads/keep-work").strip() == mine  # kept, named
+
+
+@pytest.mark.parametrize("point", ["scratch", "applied"])
+def test_result_ref_the_user_makes_while_apply_runs_is_never_overwritten(
+    env: Env, tmp_path: Path, point: str
+) -> None:
+    co = env.clone("co")
+    head = git(co, "rev-parse", "HEAD").strip()
+    paused = Paused(env, co, point, tmp_path)
+    mine = _user_result_ref(co)
+    rc, out = paused.release()
+    assert rc == 1, out
+    assert "already exists and apply did not make it" in out and "Traceback" not in out
+    assert git(co, "rev-parse", "refs/fp4series/applied/work").strip() == mine
+    assert git(co, "rev-parse", "HEAD").strip() == head
+    assert_no_debris(co)
+
+
+def test_a_result_apply_left_is_its_own_to_replace_and_drop(env: Env, tmp_path: Path) -> None:
+    co = env.clone("co")
+    paused = Paused(env, co, "applied", tmp_path)
+    (co / "notes.txt").write_text("mine\n")
+    git(co, "add", "notes.txt")
+    git(co, "commit", "-q", "-m", "my note")
+    rc, out = paused.release()
+    assert rc == 1 and "the series is on refs/fp4series/applied/work" in out, out
+    again = run(env, co)  # its own kept result: replaced, then dropped once applied
+    assert again.returncode == 0, again.stdout + again.stderr
+    assert series_on_top(co) and not result_refs(co)
+
+
 # ------------------------------------------------------------------------------ two at once, kills
 
 
