@@ -28,9 +28,7 @@ CLI: export CHECKOUT [--line VERSION] [--base REV] [--force] [--allow-empty]
 from __future__ import annotations
 
 import argparse
-import os
 import re
-import tempfile
 from pathlib import Path
 
 from git import InvalidGitRepositoryError, NoSuchPathError, Repo
@@ -122,17 +120,8 @@ def _series_header(patches_dir: Path) -> list[str]:
 
 
 def _write(path: Path, data: bytes) -> None:
-    """Replace PATH by DATA atomically: a temporary file in the same directory, renamed."""
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
-    try:
-        with os.fdopen(fd, "wb") as fh:
-            fh.write(data)
-            fh.flush()
-            os.fsync(fh.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
+    """Replace PATH by DATA atomically, keeping its mode (paths.write_atomically)."""
+    paths.write_atomically(path, data)
 
 
 def _uncommitted(patches_dir: Path) -> set[str] | None:

@@ -16,6 +16,12 @@ tag and file names) go through these, so no such value can point outside the com
                                         strictly inside OWNER (also resolved)
     remove_tree_inside(path, owner)    remove PATH (a tree, a file or a link; absent is fine),
                                         only once inside() proved it lies inside OWNER
+
+Writing the project's files (export, rebase, the lock):
+    write_atomically(path, data, check=None)  replace PATH by DATA through a temporary file in
+        its directory (a kill leaves the old or the new file, never half of one), keeping
+        PATH's mode (a new file gets the umask's, as `open` would); byte-identical content is
+        left as it is; CHECK(tmp_path) may refuse the new text before it replaces the old
 """
 
 from __future__ import annotations
@@ -23,6 +29,9 @@ from __future__ import annotations
 import os
 import re
 import shutil
+import stat
+import tempfile
+from collections.abc import Callable
 from pathlib import Path
 
 from fp4series.errors import SeriesError
@@ -113,3 +122,37 @@ def remove_tree_inside(path: Path | str, owner: Path | str) -> None:
         real.unlink()
     elif real.exists():
         shutil.rmtree(real)
+
+
+def _umask() -> int:
+    mask = os.umask(0o022)
+    os.umask(mask)
+    return mask
+
+
+def write_atomically(
+    path: Path | str, data: bytes, check: Callable[[Path], object] | None = None
+) -> None:
+    """Replace PATH by DATA atomically, keeping its mode (module doc)."""
+    path = Path(path)
+    try:
+        mode: int | None = stat.S_IMODE(os.stat(path).st_mode)
+        if path.read_bytes() == data:
+            return
+    except FileNotFoundError:
+        mode = None
+    if mode is None:
+        mode = 0o666 & ~_umask()
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    try:
+        with os.fdopen(fd, "wb") as fh:
+            fh.write(data)
+            fh.flush()
+            os.fchmod(fh.fileno(), mode)
+            os.fsync(fh.fileno())
+        if check is not None:
+            check(Path(tmp))
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
