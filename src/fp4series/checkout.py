@@ -169,6 +169,11 @@ def drop_result_ref(repo: Repo, ref: str, value: str) -> None:
 def pause(point: str) -> None:
     """Block at a named point while a test acts on the checkout (no-op unless asked)."""
     assert point in PAUSE_POINTS, point
+    wait_at(point)
+
+
+def wait_at(point: str) -> None:
+    """pause's mechanism, for the other commands' named points (export's)."""
     wanted = os.environ.get("FP4SERIES_PAUSE_AT", "")
     if point not in wanted.split(","):
         return

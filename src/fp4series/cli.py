@@ -1,7 +1,9 @@
 """Thin command-line front end: each subcommand lives in the module that implements it.
 
 Every module in ``COMMAND_MODULES`` exposes ``register(subparsers) -> None``, which adds its
-subparser(s) and sets ``func`` (a callable taking the parsed namespace and returning an exit code).
+subparser(s) and sets ``func`` (a callable taking the parsed namespace and returning an exit code)
+and, optionally, ``on_interrupt``: what to run next when SIGINT stops the command (default: run
+it again). SIGINT at any moment ends in one line, that hint and exit status 130, no traceback.
 """
 
 from __future__ import annotations
@@ -54,14 +56,25 @@ def _missing_dependency(module: str) -> SeriesError:
     )
 
 
+INTERRUPTED = 130  # the shell's exit status for a process stopped by SIGINT
+
+
 def main(argv: Sequence[str] | None = None) -> int:
+    args = None
     try:
-        parser = build_parser()
-    except SeriesError as exc:
-        report(exc)
-        return exc.exit_code
-    args = parser.parse_args(argv)
-    return run_reporting_errors(args.func, args)
+        try:
+            parser = build_parser()
+        except SeriesError as exc:
+            report(exc)
+            return exc.exit_code
+        args = parser.parse_args(argv)
+        return run_reporting_errors(args.func, args)
+    except KeyboardInterrupt:  # a command that settles its own writes says more (apply)
+        command = getattr(args, "command", None)
+        hint = getattr(args, "on_interrupt", None) or "run the same command again"
+        what = f"{command} was interrupted" if command else "interrupted while starting"
+        report(SeriesError(what + ("" if command else "; nothing was done"), hint=hint))
+        return INTERRUPTED
 
 
 if __name__ == "__main__":

@@ -9,9 +9,12 @@ Nothing under patches/ is lost: before writing anything, export works out every 
 overwrite or delete and refuses (listing them) when one holds changes that are not committed
 (git status under the patches dir; outside a git work tree every existing file counts), unless
 told `force`. A checkout with no commits on the pin would empty the series: refused unless
-`allow_empty`. Each file is written to a temporary file and renamed over the old one, so a
-kill mid-export leaves every file either old or new, never truncated (the set of files may then
-mix old and new: rerun the export).
+`allow_empty`. Each file is written to a temporary file and renamed over the old one (keeping
+its mode), so a kill mid-export leaves every file either old or new, never truncated (after a
+SIGKILL the set of files may mix old and new: rerun the export). SIGINT/SIGTERM/SIGHUP during
+the writes wait until the set is whole; the command then says so and exits 130.
+Test hooks: FP4SERIES_PAUSE_AT=export-planned (nothing written yet) or export-wrote-one (the
+first file written), as checkout.pause.
 
 Public API (stable):
     export_series(checkout, patches_dir, *, base=None, lock=None, cache_dir=None,
@@ -34,6 +37,7 @@ from pathlib import Path
 from git import InvalidGitRepositoryError, NoSuchPathError, Repo
 
 from fp4series import gitops, paths
+from fp4series.checkout import Interrupted, signals_held, wait_at
 from fp4series.errors import SeriesError
 from fp4series.line import add_line_option, resolve_line
 from fp4series.lock import Lock, load_lock
@@ -127,14 +131,17 @@ def _write(path: Path, data: bytes) -> None:
 def _uncommitted(patches_dir: Path) -> set[str] | None:
     """Names of entries directly in PATCHES_DIR whose content git has not committed (modified,
     staged, untracked or ignored); None when PATCHES_DIR is not in a git work tree."""
+    real = patches_dir.resolve()  # a symlinked patches/: the work tree it really lies in
     try:
-        repo = Repo(patches_dir, search_parent_directories=True)
+        repo = Repo(real, search_parent_directories=True)
     except (InvalidGitRepositoryError, NoSuchPathError):
         return None
     if repo.bare or repo.working_tree_dir is None:
         return None
     top = Path(repo.working_tree_dir).resolve()
-    rel = patches_dir.resolve().relative_to(top).as_posix()
+    if not real.is_relative_to(top):
+        return None
+    rel = real.relative_to(top).as_posix()
     out = repo.git.status(
         "--porcelain=v1", "-z", "--untracked-files=all", "--ignored", "--", rel or "."
     )
@@ -236,16 +243,21 @@ def export_series(
             _refuse_losses(patches_dir, {**planned, SERIES_FILE: series_text}, stale)
         patches_dir.mkdir(parents=True, exist_ok=True)
         written: list[Path] = []
-        for name, data in planned.items():
-            _write(patches_dir / name, data)
-            written.append(patches_dir / name)
-            progress.info(name)
-        for path in stale:
-            path.unlink()
-            progress.info(f"removed {path.name}")
-        _write(patches_dir / SERIES_FILE, series_text)
-    if read_series_names(patches_dir) != names:
-        raise SeriesError("internal: the series file does not list what was exported")
+        wait_at("export-planned")
+        with signals_held() as got:  # a signal waits until the series is whole (no mixed set)
+            for name, data in planned.items():
+                _write(patches_dir / name, data)
+                written.append(patches_dir / name)
+                progress.info(name)
+                wait_at("export-wrote-one")
+            for path in stale:
+                path.unlink()
+                progress.info(f"removed {path.name}")
+            _write(patches_dir / SERIES_FILE, series_text)
+            if read_series_names(patches_dir) != names:
+                raise SeriesError("internal: the series file does not list what was exported")
+    if got:
+        raise Interrupted(f"export had finished: {len(written)} patch(es) in {patches_dir}")
     return written
 
 
@@ -263,6 +275,22 @@ def _cmd_export(args: argparse.Namespace) -> int:
     )
     print(f"exported {len(written)} patch(es) to {args.patches}")
     return 0
+
+
+def _cmd_export_reporting(args: argparse.Namespace) -> int:
+    """A signal before the writes: nothing written; during them: held until the set is whole."""
+    try:
+        return _cmd_export(args)
+    except Interrupted as exc:
+        error = SeriesError(f"export was interrupted after it wrote every file; {exc.state}")
+        error.hint = "nothing is left to do; check the result with git diff " + str(args.patches)
+        error.exit_code = 130
+        raise error from None
+    except KeyboardInterrupt:
+        error = SeriesError("export was interrupted before it wrote anything")
+        error.hint = f"run scripts/export.sh {args.checkout} again"
+        error.exit_code = 130
+        raise error from None
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
@@ -287,4 +315,4 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         action="store_true",
         help="export a checkout with no commits on the pin (empties the series)",
     )
-    p.set_defaults(func=_cmd_export)
+    p.set_defaults(func=_cmd_export_reporting)

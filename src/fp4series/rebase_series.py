@@ -799,4 +799,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         action="store_true",
         help="let the final write replace uncommitted changes in --out",
     )
-    p.set_defaults(func=cmd_rebase)
+    p.set_defaults(
+        func=cmd_rebase,
+        on_interrupt=f"{SCRIPT} --status says where it stopped; {SCRIPT} --continue resumes it "
+        f"(a check: run it again), {SCRIPT} --abort gives it up",
+    )
