@@ -8,6 +8,7 @@ ignored must not change what they do), and are stopped at named pause points
 
 from __future__ import annotations
 
+import fcntl
 import hashlib
 import os
 import shutil
@@ -20,7 +21,7 @@ from pathlib import Path
 import pytest
 from _fakepin import Env, git, isolate_git, make_env
 
-from fp4series import cli, export
+from fp4series import build, cli, export
 from fp4series.progress import quiet
 
 SRC = Path(__file__).resolve().parents[2] / "src"
@@ -158,3 +159,29 @@ def test_export_into_a_symlinked_patches_dir_is_a_message(
     assert "--force" in err and snapshot(elsewhere) == before
     assert cli.main([*argv, "--force"]) == 0
     assert snapshot(elsewhere) != before
+
+
+def test_a_second_prepare_checkout_waits_for_the_first(tmp_path: Path) -> None:
+    root = tmp_path / "project"
+    (root / ".work").mkdir(parents=True)
+    fd = os.open(root / ".work" / build.PREPARE_LOCK, os.O_RDWR | os.O_CREAT, 0o644)
+    fcntl.flock(fd, fcntl.LOCK_EX)
+    os.pwrite(fd, b"pid 4242\n", 0)
+    environ = {**os.environ, "PYTHONPATH": str(SRC), "FP4SERIES_ROOT": str(root)}
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "fp4series", "prepare-checkout"],
+        cwd=root,
+        env=environ,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        preexec_fn=default_sigint,
+    )
+    assert proc.stderr is not None
+    first = proc.stderr.readline()  # the event: it says it waits (and does not go on)
+    assert first.startswith("waiting for another prepare-checkout (pid 4242) to finish"), first
+    assert proc.poll() is None
+    os.close(fd)  # the first one is done
+    out, err = proc.communicate(timeout=60)
+    assert "Traceback" not in err, err
+    assert proc.returncode == 1 and "error: " in err  # this bare project has no upstream.lock
