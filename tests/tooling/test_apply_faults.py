@@ -30,7 +30,16 @@ import git as git_module
 import gitdb
 import pytest
 import smmap
-from _fakepin import Env, edit, git, isolate_git, make_env, settle, tree_fingerprint
+from _fakepin import (
+    Env,
+    default_signals,
+    edit,
+    git,
+    isolate_git,
+    make_env,
+    settle,
+    tree_fingerprint,
+)
 
 import fp4series
 from fp4series import checkout, cli
@@ -99,6 +108,7 @@ def run(
         text=True,
         env=proc_env(extra=fault),
         check=False,
+        preexec_fn=default_signals,  # the signals the tests send act as from a terminal
     )
 
 
@@ -117,6 +127,7 @@ class Paused:
             stderr=subprocess.PIPE,
             text=True,
             env=proc_env(self.dir, point, fault),
+            preexec_fn=default_signals,
         )
         reached = self.dir / f"{point}.reached"
         while not reached.exists():  # an event, not a timing guess: the process says it is there

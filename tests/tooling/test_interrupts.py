@@ -19,7 +19,7 @@ import time
 from pathlib import Path
 
 import pytest
-from _fakepin import Env, git, isolate_git, make_env
+from _fakepin import Env, default_signals, git, isolate_git, make_env
 
 from fp4series import build, cli, export
 from fp4series.progress import quiet
@@ -46,10 +46,6 @@ def snapshot(directory: Path) -> dict[str, str]:
     return {p.name: hashlib.sha256(p.read_bytes()).hexdigest() for p in directory.iterdir()}
 
 
-def default_sigint() -> None:
-    signal.signal(signal.SIGINT, signal.SIG_DFL)
-
-
 def start(argv: list[str], point: str, pause_dir: Path, cwd: Path) -> subprocess.Popen:
     """`python -m fp4series ARGV` stopped at POINT (its marker file exists on return)."""
     pause_dir.mkdir()
@@ -62,7 +58,7 @@ def start(argv: list[str], point: str, pause_dir: Path, cwd: Path) -> subprocess
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         text=True,
-        preexec_fn=default_sigint,
+        preexec_fn=default_signals,
     )
     while not (pause_dir / f"{point}.reached").exists():
         if proc.poll() is not None:
@@ -175,7 +171,7 @@ def test_a_second_prepare_checkout_waits_for_the_first(tmp_path: Path) -> None:
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         text=True,
-        preexec_fn=default_sigint,
+        preexec_fn=default_signals,
     )
     assert proc.stderr is not None
     first = proc.stderr.readline()  # the event: it says it waits (and does not go on)
