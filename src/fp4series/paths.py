@@ -12,6 +12,7 @@ tag and file names) go through these, so no such value can point outside the com
     safe_name(value, what, hint="") -> str   VALUE if it is one plain file name, else
                                         SeriesError naming WHAT and why (separator, '..', ...)
     name_problem(value) -> str | None  why VALUE is not a plain name (None: it is one)
+    ref_name_problem(value) -> str | None  why git cannot use a plain VALUE as a ref component
     inside(path, owner) -> Path        PATH with symlinks resolved, SeriesError unless it lies
                                         strictly inside OWNER (also resolved)
     remove_tree_inside(path, owner)    remove PATH (a tree, a file or a link; absent is fine),
@@ -84,6 +85,18 @@ def name_problem(value: str) -> str | None:
         return f"it is longer than {MAX_NAME} characters"
     if not _PLAIN.match(value):
         return "it may only hold letters, digits and . _ + - (and not start with . + or -)"
+    return None
+
+
+def ref_name_problem(value: str) -> str | None:
+    """Why git cannot use VALUE as one component of a ref name (git check-ref-format), for a
+    plain name (name_problem None) that is also a branch: None when it can."""
+    if value.endswith(".lock"):
+        return "git refuses ref names ending in '.lock'"
+    if ".." in value or "@{" in value or value == "@":
+        return "git refuses '..', '@{' and a lone '@' in ref names"
+    if value.endswith("."):
+        return "git refuses ref names ending in '.'"
     return None
 
 
