@@ -18,14 +18,17 @@ first file written), as checkout.pause.
 
 Public API (stable):
     export_series(checkout, patches_dir, *, base=None, lock=None, cache_dir=None,
-                  progress=None, force=False, allow_empty=False) -> list[Path]
+                  progress=None, force=False, allow_empty=False, allow_delete=False)
+                  -> list[Path]
         base: a revision (default: the lock's tag if the checkout has it, else the base the
         wheel RECORD proves). Writes NNNN-<stem>.patch per commit base..HEAD, rewrites the
         series file (its leading comment block kept) and removes *.patch no longer in range.
+        With an explicit base, removing any is refused (listing them) unless allow_delete or
+        force: a base above the pin would otherwise silently drop the patches below it.
     format_patch(repo, commit) -> bytes       one commit in the series' exact patch form
     patch_stem(subject) -> str                file stem for a new subject
     FORMAT_PATCH_ARGS, GIT_CONFIG_OVERRIDES
-CLI: export CHECKOUT [--line VERSION] [--base REV] [--force] [--allow-empty]
+CLI: export CHECKOUT [--line VERSION] [--base REV] [--force] [--allow-empty] [--allow-delete]
 """
 
 from __future__ import annotations
@@ -176,6 +179,17 @@ def _refuse_losses(patches_dir: Path, planned: dict[str, bytes], stale: list[Pat
         )
 
 
+def _refuse_deleting(base: str, base_sha: str, count: int, stale: list[Path]) -> None:
+    """--base names where the series starts: one that leaves patches out would delete them."""
+    listed = "\n".join(f"  delete {p}" for p in stale)
+    raise SeriesError(
+        f"--base {base} ({base_sha[:12]}) leaves {count} commit(s) on top of it, so export would "
+        f"delete {len(stale)} patch(es) that none of them makes; nothing was written:\n{listed}",
+        hint="leave out --base (export finds the pin itself) or pass the pin's tag; if those "
+        "patches are really to go, pass --allow-delete (or --force)",
+    )
+
+
 def _resolve_base(repo: Repo, base: str | None, lock: Lock, patches_dir: Path, cache: Path | None):
     if base:
         try:
@@ -202,6 +216,7 @@ def export_series(
     progress: Progress | None = None,
     force: bool = False,
     allow_empty: bool = False,
+    allow_delete: bool = False,
 ) -> list[Path]:
     """Write one patch per commit base..HEAD into PATCHES_DIR and rewrite its series file."""
     progress = progress or Progress()
@@ -239,6 +254,8 @@ def export_series(
         lines = _series_header(patches_dir) + names
         series_text = ("\n".join(lines) + "\n").encode() if lines else b""
         stale = [p for p in existing if p.name not in planned]
+        if base and stale and not (force or allow_delete):
+            _refuse_deleting(base, base_sha, len(commits), stale)
         if not force:
             _refuse_losses(patches_dir, {**planned, SERIES_FILE: series_text}, stale)
         patches_dir.mkdir(parents=True, exist_ok=True)
@@ -272,6 +289,7 @@ def _cmd_export(args: argparse.Namespace) -> int:
         cache_dir=args.cache_dir,
         force=args.force,
         allow_empty=args.allow_empty,
+        allow_delete=args.allow_delete,
     )
     print(f"exported {len(written)} patch(es) to {args.patches}")
     return 0
@@ -309,6 +327,11 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         "--force",
         action="store_true",
         help="overwrite or delete files in the patches dir even if their changes are not committed",
+    )
+    p.add_argument(
+        "--allow-delete",
+        action="store_true",
+        help="with --base: delete the patches no commit on top of it makes",
     )
     p.add_argument(
         "--allow-empty",

@@ -604,6 +604,7 @@ def _finish(replay: Replay) -> list[str]:
             lock=lock,
             force=True,
             allow_empty=True,
+            allow_delete=True,
             progress=replay.progress,
         )
     header = parse_dropped(out / DROPPED).header if (out / DROPPED).is_file() else None
@@ -676,6 +677,7 @@ def _write(replay: Replay, force: bool) -> None:
                 lock=lock_mod.load_lock(st.lock),
                 force=force,
                 allow_empty=True,
+                allow_delete=True,  # the line is the rebase's to replace (--abort restores it)
                 progress=replay.progress,
             )
     except SeriesError as exc:

@@ -165,3 +165,24 @@ def test_atomic_write_keeps_the_mode_and_a_refused_text_changes_nothing(tmp_path
     assert f.read_text() == "old\n" and [p.name for p in f.parent.iterdir()] == ["upstream.lock"]
     paths.write_atomically(f, b"new\n")
     assert f.read_text() == "new\n" and f.stat().st_mode & 0o777 == 0o664
+
+
+def test_a_base_above_the_pin_that_would_delete_patches_is_refused_listing_them(
+    env: Env, capsys: pytest.CaptureFixture
+) -> None:
+    work = env.root / "authoring"
+    before = snapshot(env.patches)
+    argv = ["export", str(work), "--patches", str(env.patches), "--lock", str(env.lock.path)]
+    argv += ["--cache-dir", str(env.cache), "--base", "HEAD~1"]
+    assert cli.main(argv) == 1
+    err = capsys.readouterr().err
+    assert "--base HEAD~1 (" in err and "leaves 1 commit(s) on top of it" in err
+    assert f"delete {env.patches / P1}" in err and "nothing was written" in err
+    assert "--allow-delete" in err and "Traceback" not in err
+    assert snapshot(env.patches) == before
+    assert cli.main([*argv, "--allow-delete"]) == 0
+    assert sorted(snapshot(env.patches)) == ["0001-return-two-and-add-new-module.patch", "series"]
+    git(env.root, "checkout", "-q", "--", "patches")
+    git(env.root, "clean", "-fq", "--", "patches")
+    assert cli.main([*argv[:-2], "--base", "v0.5.11"]) == 0  # the pin: nothing to delete
+    assert snapshot(env.patches) == before
