@@ -138,6 +138,20 @@ def test_wrong_base_is_refused_with_what_to_do(env: Env) -> None:
     assert "k.h" not in msg  # not touched by the series: not checked
     assert "git -C" in exc.value.hint and "--allow-base-mismatch" in exc.value.hint
     assert tree_fingerprint(co) == before
+    # the checkout lacks the tag: the hint fetches it first instead of naming it as if it were there
+    assert exc.value.hint.startswith(
+        f"this checkout has no tag v0.5.11: fetch it (git -C {co} fetch {env.lock.repo_url} tag "
+        f"v0.5.11), then check it out (git -C {co} checkout -b work v0.5.11)"
+    )
+
+
+def test_wrong_base_hint_names_the_tag_the_checkout_has(env: Env) -> None:
+    co = env.clone("co")
+    git(co, "checkout", "-q", "--orphan", "other")
+    git(co, "commit", "-qm", "unrelated")
+    with pytest.raises(SeriesError) as exc:
+        run_apply(env, co)
+    assert exc.value.hint.startswith(f"check out the pin (git -C {co} checkout -b work v0.5.11)")
 
 
 def test_allow_base_mismatch_applies_with_3way(env: Env) -> None:
