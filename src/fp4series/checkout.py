@@ -728,8 +728,10 @@ def install(repo: Repo, branch: str, old: str, new: str) -> str | None:
                 _release(repo)
                 return f"{branch} or HEAD moved while apply ran"
             shutil.copyfile(Path(repo.git_dir) / "index", _private(repo))
-            with suppress(git.GitCommandError):  # read-tree -m trusts stat data: refresh it
-                repo.git.update_index("-q", "--refresh", env=_git_env(repo))
+            # read-tree -m trusts stat data: refresh it. It exits 1 when a file differs (which
+            # _in_the_way names); what it says otherwise (a full disk) explains a refusal.
+            refresh = _git_writing(repo, "update-index", "-q", "--refresh", index=_private(repo))
+            refresh_failed = _said(refresh) if refresh.returncode not in (0, 1) else ""
             mine = _in_the_way(repo, old, _changes(repo, old, new))
             if mine:
                 _release(repo)
@@ -743,7 +745,7 @@ def install(repo: Repo, branch: str, old: str, new: str) -> str | None:
             raise
         proc = _git_writing(repo, "read-tree", "-m", "-u", old, new, index=_private(repo))
         if proc.returncode != 0:
-            return _read_tree_failed(repo, branch, old, new, proc, got)
+            return _read_tree_failed(repo, branch, old, new, proc, got, refresh_failed)
         try:
             pause("worktree-updated")
             if got:
@@ -769,7 +771,13 @@ def install(repo: Repo, branch: str, old: str, new: str) -> str | None:
 
 
 def _read_tree_failed(
-    repo: Repo, branch: str, old: str, new: str, proc: subprocess.CompletedProcess, got: list
+    repo: Repo,
+    branch: str,
+    old: str,
+    new: str,
+    proc: subprocess.CompletedProcess,
+    got: list,
+    refresh_failed: str = "",
 ) -> str:
     """read-tree -m -u failed or was killed: the reason nothing was changed when it refused (it
     then wrote nothing); otherwise roll back what it wrote and raise what happened."""
@@ -782,6 +790,16 @@ def _read_tree_failed(
             _release(repo)  # it wrote nothing
         if mine:
             return _would_overwrite(mine, said)
+        if refresh_failed:  # it saw stale stat data, because the refresh could not be written
+            low = _low_space(root)
+            cause = f"{low}: " if low else ""
+            raise SeriesError(
+                f"{cause}git could not refresh its index ({refresh_failed}), so read-tree "
+                f"refused to update the work tree ({said}); nothing was changed",
+                hint=machine_hint(refresh_failed)
+                or (f"{low}: free space on it, then run apply again" if low else "")
+                or "read git's message, fix its cause, then run apply again",
+            )
         raise SeriesError(
             f"git read-tree refused to update the work tree ({said}), although those files "
             "hold what apply expects; nothing was changed",

@@ -441,6 +441,7 @@ def test_sigterm_in_the_scratch_worktree_removes_it(env: Env, tmp_path: Path) ->
 #            whole process group does
 #   orphan   SIGKILLs apply, waits for TEST_RELEASE, then runs the real read-tree
 # checkout-index fails while the file TEST_DISK_FULL exists (the rollback cannot be written).
+# TEST_FAULT=refresh-enospc: update-index --refresh fails as on a full disk; read-tree is real.
 FAULT_GIT = """
 import os, signal, subprocess, sys, time
 from pathlib import Path
@@ -451,7 +452,10 @@ full = os.environ.get("TEST_DISK_FULL", "")
 if args[0] == "checkout-index" and full and os.path.exists(full):
     sys.stderr.write(f"error: unable to write file {args[-1]}\\n")
     sys.exit(1)
-if args[0] != "read-tree" or not fault:
+if args[0] == "update-index" and fault == "refresh-enospc":
+    sys.stderr.write("error: unable to write new index file: No space left on device\\n")
+    sys.exit(128)
+if args[0] != "read-tree" or fault == "refresh-enospc" or not fault:
     os.execvp(git, [git, *args])
 if fault == "orphan":
     os.kill(os.getppid(), signal.SIGKILL)
@@ -578,6 +582,25 @@ def test_sigkill_during_read_tree_then_rerun_recovers(env: Env, fault_git: Path)
     assert before <= reachable(co)
     assert_no_debris(co)
     assert not result_refs(co)
+
+
+def test_index_refresh_failing_on_a_full_disk_is_named_not_a_stale_file(
+    env: Env, fault_git: Path, tmp_path: Path
+) -> None:
+    """The refresh cannot be written (no space): read-tree then sees a file whose stat data
+    changed as "not uptodate". The message names the refresh and the disk, not the file."""
+    co = env.clone("co")
+    before = tree_fingerprint(co)
+    paused = Paused(env, co, "index-locked", tmp_path, fault=faulty(fault_git, "refresh-enospc"))
+    os.utime(co / A_PY, (1_700_000_100, 1_700_000_100))  # same bytes, new stat data
+    rc, out = paused.release()
+    assert rc == 1, out
+    assert "git could not refresh its index (unable to write new index file: No space" in out
+    assert "not uptodate" in out and "nothing was changed" in out and "free space" in out
+    assert "Traceback" not in out
+    os.utime(co / A_PY, (1_700_000_000, 1_700_000_000))
+    assert tree_fingerprint(co) == before
+    assert_no_debris(co)
 
 
 def test_private_index_lock_left_by_a_killed_apply_is_removed(
