@@ -138,6 +138,7 @@ def _already_applied(repo: Repo, base: Base, patches: list[Patch]) -> tuple[int,
             break
     stray = [c for c in since[: len(since) - k] if c.summary in subjects]
     if stray:
+        _refuse_changed_subject(repo, since, patches)
         raise SeriesError(
             f"commit {stray[0].hexsha[:12]} ({stray[0].summary!r}) has a series subject but "
             "other commits sit on top of it",
@@ -156,6 +157,32 @@ def _already_applied(repo: Repo, base: Base, patches: list[Patch]) -> tuple[int,
             )
         results.append(PatchResult(patch.name, "already-applied", commit.hexsha))
     return k, results
+
+
+def _refuse_changed_subject(repo: Repo, since: list, patches: list[Patch]) -> None:
+    """The commits on the base are the series in order, but a subject differs between a commit
+    and its patch (reworded on one side): name that patch, not the first one that still
+    matches."""
+    if len(since) > len(patches):
+        return
+    differ = [(c, p) for c, p in zip(since, patches, strict=False) if c.summary != p.subject]
+    same_change = [
+        (c, p)
+        for c, p in differ
+        if gitops.commit_patch_id(repo, c.hexsha) == gitops.patch_id(repo, p.text)
+    ]
+    if not same_change or len(same_change) != len(differ):
+        return  # not the series with a reworded subject: the caller's message stands
+    commit, patch = same_change[0]
+    where = repo.working_tree_dir
+    raise SeriesError(
+        f"{patch.name} is applied as commit {commit.hexsha[:12]} with another subject: "
+        f"{commit.summary!r} in the checkout, {patch.subject!r} in {patch.name} (same changes); "
+        "nothing was changed",
+        hint=f"if you reworded the commit, export it (scripts/export.sh {where}); if you edited "
+        f"the patch, reword the commit to match (git -C {where} rebase -i "
+        f"{commit.hexsha[:12]}~1) or start again from a clean checkout of the pin",
+    )
 
 
 def _describe_base(repo: Repo, base: Base, k: int) -> str:

@@ -274,3 +274,21 @@ def test_series_consistency_errors(env: Env) -> None:
     series.write_text("\n".join([*names, "0003-missing.patch"]) + "\n")
     with pytest.raises(SeriesError, match="0003-missing.patch is listed but does not exist"):
         load_series(env.patches)
+
+
+@pytest.mark.parametrize("which", [0, 1])
+def test_a_subject_changed_in_the_series_names_that_patch(env: Env, which: int) -> None:
+    co = env.clone("co")
+    assert run_apply(env, co).ok
+    head = git(co, "rev-parse", "HEAD")
+    patch = load_series(env.patches)[which]
+    text = patch.path.read_text()
+    patch.path.write_text(text.replace(f"] {patch.subject}\n", f"] {patch.subject}, reworded\n"))
+    with pytest.raises(SeriesError) as exc:
+        run_apply(env, co)
+    msg = str(exc.value)
+    assert msg.startswith(f"{patch.name} is applied as commit ") and "another subject" in msg
+    assert f"{patch.subject + ', reworded'!r} in {patch.name}" in msg
+    other = load_series(env.patches)[1 - which].name
+    assert other not in msg and "scripts/export.sh" in exc.value.hint
+    assert git(co, "rev-parse", "HEAD") == head
