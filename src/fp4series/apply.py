@@ -1,8 +1,9 @@
 """Apply the series to a checkout atomically: all patches as commits, or nothing changed at all.
 
 The patches are applied with `git am --3way --keep-cr --keep-non-patch` (author, subject and
-message kept; never fuzz) in a scratch worktree of the checkout, and every file a patch writes is
-checked against the post-image blob id its header names (a truncated or edited patch is refused).
+message kept; never fuzz; the checkout's hooks not run) in a scratch worktree of the checkout,
+and every file a patch writes is checked against the post-image blob id its header names (a
+truncated or edited patch is refused).
 Only when every patch went in is the checkout moved to the result, by checkout.install: a
 compare-and-swap that never resets, cleans or overwrites anything the user has (see checkout.py
 for the lock, the step order and the recovery of a killed run). When the checkout moved on while
@@ -34,6 +35,7 @@ CLI: apply [--line VERSION] [--check] [--allow-base-mismatch] CHECKOUT
 from __future__ import annotations
 
 import argparse
+import os
 import signal
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -220,15 +222,18 @@ def _apply_one(wt: Repo, patch: Patch, env: dict[str, str], check: bool) -> Patc
         clean = True
     except git.GitCommandError:
         clean = False
+    # The checkout's hooks do not run on the series: one that refused would read as "does not
+    # apply", one that rewrote a message would make commits export cannot give back.
+    am = wt.git(c=f"core.hooksPath={os.devnull}").am
     try:
-        wt.git.am(*AM_ARGS, str(patch.path.resolve()), env=env)
+        am(*AM_ARGS, str(patch.path.resolve()), env=env)
     except git.GitCommandError as exc:
         detail = (exc.stderr or exc.stdout or str(exc)).strip()
         if machine_hint(detail):  # the disk, not the patch: say so
             raise
         fits = locate_patch(patch, lambda p: gitops.read_blob(wt, "HEAD", p))
         if gitops.operation_in_progress(wt) == "git am":
-            wt.git.am("--abort")
+            am("--abort")
         return PatchResult(patch.name, "failed", detail="git am said: " + detail, fits=fits)
     wrong = [m for m in blob_mismatches(wt, "HEAD", patch) if m.file in exact]
     if wrong:

@@ -292,3 +292,24 @@ def test_a_subject_changed_in_the_series_names_that_patch(env: Env, which: int) 
     other = load_series(env.patches)[1 - which].name
     assert other not in msg and "scripts/export.sh" in exc.value.hint
     assert git(co, "rev-parse", "HEAD") == head
+
+
+@pytest.mark.parametrize(
+    "hook",
+    [
+        "exit 1\n",  # refuses every patch
+        'printf "\\nSigned-off-by: hook <h@example.com>\\n" >> "$1"\n',  # rewrites the message
+    ],
+)
+def test_the_checkouts_am_hooks_do_not_run_on_the_series(env: Env, hook: str) -> None:
+    co = env.clone("co")
+    for name in ("applypatch-msg", "pre-applypatch"):
+        path = co / ".git" / "hooks" / name
+        path.write_text("#!/bin/sh\n" + hook)
+        path.chmod(0o755)
+    report = run_apply(env, co)
+    assert report.ok, report.format()
+    out = env.root / "exported"
+    export.export_series(co, out, lock=env.lock, cache_dir=env.cache, progress=quiet())
+    for patch in load_series(env.patches):  # exactly the series: no message rewritten
+        assert (out / patch.name).read_bytes() == patch.path.read_bytes(), patch.name
