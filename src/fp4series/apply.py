@@ -446,9 +446,17 @@ def _cmd_apply(args: argparse.Namespace) -> int:
         )
     if not report.ok:
         failed = next(r for r in report.results if r.status == "failed")
+        if _corrupt(failed.detail):
+            raise SeriesError(
+                f"{failed.name} is corrupt: git cannot read it ({failed.detail}); nothing was "
+                "changed",
+                hint=f"restore it from git (git checkout -- {_shown(args.patches / failed.name)}) "
+                "or regenerate it with scripts/export.sh from the checkout it was made from",
+            )
         todo = [r.name for r in report.results if r.status != "already-applied"]
         rest = " ".join(str((args.patches / n).resolve()) for n in todo)
         am = " ".join(a for a in AM_ARGS if a != "--quiet")
+        export_base = _export_base(where, report)
         raise SeriesError(
             f"{failed.name} does not apply to {where}; nothing was changed",
             hint=f"rebase the series: git -C {where} am {am} {rest} (every patch not applied "
@@ -456,10 +464,25 @@ def _cmd_apply(args: argparse.Namespace) -> int:
             "and export still recognise the commits). git am stops at each patch that does not "
             f"apply: resolve it, git add the files, git -C {where} am --continue, and repeat "
             f"until git am has applied them all ({len(todo)}). Only then regenerate "
-            f"{_shown(args.patches)}/ with scripts/export.sh{_line_flag(line)} {where} "
-            "(exporting earlier drops the patches not applied yet)",
+            f"{_shown(args.patches)}/ with scripts/export.sh{_line_flag(line)} {where}"
+            f"{export_base} (exporting earlier drops the patches not applied yet)",
         )
     return 0
+
+
+def _corrupt(detail: str) -> bool:
+    """git am's words for a patch file it cannot parse (not one whose hunks do not fit)."""
+    return any(w in detail for w in ("corrupt patch", "corrupt binary patch", "Patch is empty"))
+
+
+def _export_base(where: Path, report: ApplyReport) -> str:
+    """` --base SHA` when commits of the user's sit between the pin and the series: export from
+    the pin would make them patches (0001 on) and renumber the series."""
+    if report.base is None:
+        return ""
+    k = sum(r.status == "already-applied" for r in report.results)
+    below = gitops.open_repo(where).commit(f"{report.head_before}~{k}").hexsha
+    return "" if below == report.base.commit else f" --base {below[:12]}"
 
 
 def _take_hint(where: Path, ref: str, started_at: str, line: Line) -> str:

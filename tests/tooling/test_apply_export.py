@@ -313,3 +313,27 @@ def test_the_checkouts_am_hooks_do_not_run_on_the_series(env: Env, hook: str) ->
     export.export_series(co, out, lock=env.lock, cache_dir=env.cache, progress=quiet())
     for patch in load_series(env.patches):  # exactly the series: no message rewritten
         assert (out / patch.name).read_bytes() == patch.path.read_bytes(), patch.name
+
+
+def test_a_corrupt_binary_patch_is_named_corrupt_not_a_rebase(
+    env: Env, capsys: pytest.CaptureFixture
+) -> None:
+    work = env.root / "authoring"
+    (work / "python" / "sglang" / "table.bin").write_bytes(bytes(range(256)) * 8)
+    git(work, "add", "-A")
+    git(work, "commit", "-qm", "[Quant] Add a table\n\nWhy:\nx\n\nWhat:\ny\n")
+    export.export_series(
+        work, env.patches, lock=env.lock, cache_dir=env.cache, progress=quiet(), force=True
+    )
+    (binary,) = env.patches.glob("0003-*.patch")
+    lines = binary.read_text().split("\n")
+    at = next(i for i, ln in enumerate(lines) if ln.startswith("literal ")) + 2
+    lines[at] = lines[at][:1] + "~" * (len(lines[at]) - 1)  # not base85: cut the data
+    binary.write_text("\n".join(lines))
+    co = env.clone("co")
+    argv = ["apply", str(co), "--patches", str(env.patches), "--lock", str(env.lock.path)]
+    assert cli.main([*argv, "--cache-dir", str(env.cache)]) == 1
+    err = capsys.readouterr().err
+    assert f"{binary.name} is corrupt: git cannot read it (git am said: " in err, err
+    assert "rebase the series" not in err and "git checkout -- " in err
+    assert git(co, "status", "--porcelain") == ""

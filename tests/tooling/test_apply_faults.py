@@ -768,6 +768,9 @@ def test_failure_hint_lists_every_patch_left_and_following_it_applies_them_all(
     assert " ".join(am) + " (every patch not applied yet, to the end of the series" in out
     assert "until git am has applied them all (2). Only then regenerate" in out
     assert "exporting earlier drops the patches not applied yet" in out
+    mine = git(co, "rev-parse", "HEAD").strip()  # the user's commit below the series
+    export_cmd = f"scripts/export.sh {co} --base {mine[:12]} (exporting earlier"
+    assert export_cmd in out  # not from the pin: that would make the user's commit 0001
     first = subprocess.run(am, capture_output=True, text=True, check=False)  # the hint, followed
     assert first.returncode != 0  # stopped at 0001, as the hint says
     git(co, "checkout", "--theirs", "--", A_PY)  # resolved (the series' side)
@@ -775,6 +778,10 @@ def test_failure_hint_lists_every_patch_left_and_following_it_applies_them_all(
     git(co, "am", "--continue")  # and the rest of the series follows
     assert series_on_top(co)
     assert git(co, "log", "-1", "--format=%s", "HEAD~2") == "conflicting change\n"
+    out_dir = co.parent / "exported"  # the export the hint names keeps the series' numbering
+    argv = ["export", str(co), "--patches", str(out_dir), "--lock", str(env.lock.path)]
+    assert cli.main([*argv, "--cache-dir", str(env.cache), "--base", mine[:12]]) == 0
+    assert sorted(p.name for p in out_dir.glob("*.patch")) == names
 
 
 @pytest.mark.parametrize(
