@@ -13,7 +13,7 @@ import importlib
 import sys
 from collections.abc import Sequence
 
-from fp4series.errors import SeriesError, report, run_reporting_errors
+from fp4series.errors import INTERRUPTED, SeriesError, report, run_reporting_errors
 
 COMMAND_MODULES = (
     "fp4series.upstream",  # fetch / materialize / resolve-commit
@@ -56,11 +56,7 @@ def _missing_dependency(module: str) -> SeriesError:
     )
 
 
-INTERRUPTED = 130  # the shell's exit status for a process stopped by SIGINT
-
-
 def main(argv: Sequence[str] | None = None) -> int:
-    args = None
     try:
         try:
             parser = build_parser()
@@ -69,11 +65,12 @@ def main(argv: Sequence[str] | None = None) -> int:
             return exc.exit_code
         args = parser.parse_args(argv)
         return run_reporting_errors(args.func, args)
-    except KeyboardInterrupt:  # a command that settles its own writes says more (apply)
-        command = getattr(args, "command", None)
-        hint = getattr(args, "on_interrupt", None) or "run the same command again"
-        what = f"{command} was interrupted" if command else "interrupted while starting"
-        report(SeriesError(what + ("" if command else "; nothing was done"), hint=hint))
+    except KeyboardInterrupt:  # before the command started (while it runs: run_reporting_errors)
+        report(
+            SeriesError(
+                "interrupted while starting; nothing was done", hint="run the same command again"
+            )
+        )
         return INTERRUPTED
 
 

@@ -181,3 +181,19 @@ def test_a_second_prepare_checkout_waits_for_the_first(tmp_path: Path) -> None:
     out, err = proc.communicate(timeout=60)
     assert "Traceback" not in err, err
     assert proc.returncode == 1 and "error: " in err  # this bare project has no upstream.lock
+
+
+def test_sigint_while_a_command_runs_names_it_and_what_to_run_next(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture
+) -> None:
+    from fp4series import rebase_series
+
+    def interrupted(_args: object) -> int:
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(rebase_series, "cmd_rebase", interrupted)
+    assert cli.main(["rebase", "--status"]) == 130
+    err = capsys.readouterr().err
+    assert err.startswith("error: rebase was interrupted\n"), err
+    assert "scripts/rebase.sh --status says where it stopped" in err and "--abort" in err
+    assert err.count("\n") == 2  # one line and its hint
