@@ -90,6 +90,7 @@ MANIFEST = "manifest.json"
 LOCK_COPY = "upstream.lock"
 TRASH = ".removing-"  # a work directory renamed away to be removed: no longer a rebase
 ABORTED = "rebase-aborted"  # under .work: work checkouts --abort moved aside
+ABORTING = "aborting"  # written first by --abort: the rebase is being undone, not resumable
 
 
 def cmd_rebase(args: argparse.Namespace) -> int:
@@ -348,6 +349,12 @@ def _continue(base: Path, args: argparse.Namespace) -> int:
             )
         raise SeriesError("no rebase in progress", hint=hint)
     work = busy[0]
+    if (work / ABORTING).exists():
+        raise SeriesError(
+            f"the rebase to {work.name} is being aborted (an --abort was interrupted); it "
+            "cannot be continued",
+            hint=f"finish the abort: {SCRIPT} --abort",
+        )
     state = load_state(work)
     assert state is not None
     replay = Replay(work, state, _preparer(paths.project_root(), Path(state.lock)))
@@ -368,8 +375,10 @@ def _abort(base: Path) -> int:
         raise SeriesError("no rebase in progress; nothing to abort", hint=f"{SCRIPT} --status")
     for work in found:
         state = load_state(work)
+        (work / ABORTING).write_text("scripts/rebase.sh --abort\n")
         kept = _keep_users_work(work, state)
         restored = _restore_before(work) if state is not None else []
+        pause("abort-restored")
         _remove_work(work)
         print(f"aborted the rebase to {work.name}: removed {_display(work)}")
         if kept is not None:
@@ -491,6 +500,14 @@ def _status(base: Path) -> int:
     work = busy[0]
     state = load_state(work)
     assert state is not None
+    if (work / ABORTING).exists():
+        print(
+            f"rebase to {state.version}: an --abort was interrupted; it is half undone (its work "
+            f"checkout may already be moved aside to .work/{ABORTED}/, the line and the lock may "
+            "already be put back)"
+        )
+        print(f"  finish it with: {SCRIPT} --abort")
+        return 0
     if state.phase == "done":
         print(
             f"rebase to {state.version} finished: the line is written into "

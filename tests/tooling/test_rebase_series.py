@@ -488,6 +488,26 @@ def test_abort_after_the_final_write_began_puts_line_and_lock_back(
     assert outside_work(p.root) == files and not p.work.exists()
 
 
+def test_a_kill_inside_abort_is_said_and_a_second_abort_finishes_it(project: Project) -> None:
+    p = project
+    (p.root / "upstream.lock").chmod(0o664)
+    before = line_and_lock(p)
+    assert p.rebase("--to", V)[0] == 1
+    p.resolve()
+    p.kill_at("write-exported", "--continue")
+    (p.co / "notes.txt").write_text("mine\n")
+    p.kill_at("abort-restored", "--abort")
+    rc, out = p.rebase("--status")
+    assert rc == 0 and "an --abort was interrupted" in out and "scripts/rebase.sh --abort" in out
+    rc, out = p.rebase("--continue")
+    assert rc == 1 and "is being aborted" in out and "finish the abort" in out
+    rc, out = p.rebase("--abort")
+    assert rc == 0 and not p.work.exists(), out
+    assert line_and_lock(p) == before
+    (kept,) = (p.root / ".work" / "rebase-aborted").iterdir()
+    assert (kept / "checkout" / "notes.txt").read_text() == "mine\n"
+
+
 def test_kill_in_the_final_cleanup_is_a_finished_rebase(project: Project, lined: Project) -> None:
     p = project
     (p.root / "upstream.lock").chmod(0o664)

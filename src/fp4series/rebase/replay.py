@@ -69,6 +69,7 @@ PAUSE_POINTS = (
     "write-exported",
     "write-done",  # line and lock written, state "done", the work directory still there
     "work-renamed",  # the work directory renamed away, not yet removed
+    "abort-restored",  # --abort: the user's work moved aside, line and lock put back
 )
 APPLIED = ("clean", "offset", "three-way")
 
