@@ -196,7 +196,8 @@ def _start(root: Path, base: Path, args: argparse.Namespace) -> int:
         raise SeriesError(
             f"a rebase is in progress: {_where(state) if state else busy[0]}; nothing was started",
             hint=f"continue it ({SCRIPT} --continue), see where it is ({SCRIPT} --status), or "
-            f"give it up ({SCRIPT} --abort: removes {_display(busy[0])} only)",
+            f"give it up ({SCRIPT} --abort: removes {_display(busy[0])}, moving changes of "
+            "yours in its checkout aside)",
         )
     lock_path = Path(args.lock) if args.lock else paths.default_lock_path()
     lock = lock_mod.load_lock(lock_path)
@@ -758,7 +759,8 @@ def _describe_stop(stop: Stop, st: State, work: Path) -> str:
     lines += [f"  prepared commit message: {msg}", *todo]
     lines += [
         f'  to drop it (upstream covers it): {SCRIPT} --continue --drop "why"',
-        f"  to give up: {SCRIPT} --abort (removes {_display(work)} only)",
+        f"  to give up: {SCRIPT} --abort (removes {_display(work)}; changes of yours in its "
+        "checkout are moved aside, not lost)",
     ]
     return "\n".join(lines)
 
