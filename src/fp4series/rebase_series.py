@@ -239,6 +239,13 @@ def _start(root: Path, base: Path, args: argparse.Namespace) -> int:
             hint="rebase to a later [[targets]] release",
         )
     work = base / CHECK_DIR / version if args.check else base / version
+    if work.exists() and not (work / OWNER).exists():
+        raise SeriesError(
+            f"{_display(work)} exists but no rebase made it (it has no {OWNER} mark); nothing "
+            "was started and nothing there was touched",
+            hint=f"move it elsewhere (or remove it if you do not need it: rm -r {_display(work)}), "
+            "then start again",
+        )
     if work.exists():  # ours (no state: a start killed before its first step, or a check)
         paths.remove_tree_inside(work, base)
     work.parent.mkdir(parents=True, exist_ok=True)
@@ -419,8 +426,13 @@ def _keep_users_work(work: Path, state: State | None) -> Path | None:
         mine = True  # cannot tell: keep it
     if not mine:
         return None
-    dest = work.parent.parent / ABORTED / f"{work.name}-{time.strftime('%Y%m%dT%H%M%S')}"
-    dest.mkdir(parents=True, exist_ok=False)
+    stamp = f"{work.name}-{time.strftime('%Y%m%dT%H%M%S')}"
+    dest = work.parent.parent / ABORTED / stamp
+    n = 1
+    while dest.exists():  # two aborts in one second: never into an earlier one's folder
+        n += 1
+        dest = dest.with_name(f"{stamp}-{n}")
+    dest.mkdir(parents=True)
     if (work / MESSAGE).is_file():
         shutil.copyfile(work / MESSAGE, dest / MESSAGE)
     os.replace(co.path, dest / "checkout")

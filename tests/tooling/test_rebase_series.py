@@ -508,6 +508,17 @@ def test_a_kill_inside_abort_is_said_and_a_second_abort_finishes_it(project: Pro
     assert (kept / "checkout" / "notes.txt").read_text() == "mine\n"
 
 
+def test_a_work_dir_no_rebase_made_is_never_removed(project: Project) -> None:
+    p = project
+    p.work.mkdir(parents=True)
+    (p.work / "mine.txt").write_text("mine\n")
+    rc, out = p.rebase("--to", V)
+    assert rc == 1 and f".work/rebase/{V} exists but no rebase made it" in out, out
+    assert (p.work / "mine.txt").read_text() == "mine\n"
+    assert p.rebase("--abort")[1].startswith("error: no rebase in progress")
+    assert (p.work / "mine.txt").read_text() == "mine\n"
+
+
 def test_kill_in_the_final_cleanup_is_a_finished_rebase(project: Project, lined: Project) -> None:
     p = project
     (p.root / "upstream.lock").chmod(0o664)
