@@ -105,13 +105,13 @@ def cmd_rebase(args: argparse.Namespace) -> int:
         )
     if args.status:
         return _status(base)
-    _remove_trash(base)
     if args.check and not args.to:
         raise SeriesError("--check needs --to VERSION", hint=f"{SCRIPT} --to VERSION --check")
     if args.drop is not None and not args.cont:
         raise SeriesError("--drop goes with --continue", hint=f'{SCRIPT} --continue --drop "why"')
     base.mkdir(parents=True, exist_ok=True)
     with _one_at_a_time(base):
+        _remove_trash(base)  # under the lock: no other command is removing it meanwhile
         if args.abort:
             return _abort(base)
         if args.cont:
