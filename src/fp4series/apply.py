@@ -1,13 +1,16 @@
 """Apply the series to a checkout atomically: all patches as commits, or nothing changed at all.
 
 The patches are applied with `git am --3way --keep-cr --keep-non-patch` (author, subject and
-message kept; never fuzz) in a scratch worktree of the checkout, and every file a patch writes is
-checked against the post-image blob id its header names (a truncated or edited patch is refused).
+message kept; never fuzz; the checkout's hooks not run) in a scratch worktree of the checkout,
+and every file a patch writes is checked against the post-image blob id its header names (a
+truncated or edited patch is refused).
 Only when every patch went in is the checkout moved to the result, by checkout.install: a
 compare-and-swap that never resets, cleans or overwrites anything the user has (see checkout.py
 for the lock, the step order and the recovery of a killed run). When the checkout moved on while
 apply ran, the result is left on refs/fp4series/applied/<branch> and the report says how to take
-it. A failing patch, a refusal or --check change nothing at all.
+it. That ref is apply's own only when apply made it (its reflog says so): one the user made
+there is refused up front, never overwritten nor deleted. A failing patch, a refusal or --check
+change nothing at all.
 
 Public API (stable):
     apply_series(checkout, patches, *, check=False, allow_base_mismatch=False, lock=None,
@@ -32,9 +35,10 @@ CLI: apply [--line VERSION] [--check] [--allow-base-mismatch] CHECKOUT
 from __future__ import annotations
 
 import argparse
+import os
 import signal
 from collections.abc import Iterator
-from contextlib import contextmanager, suppress
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -136,6 +140,7 @@ def _already_applied(repo: Repo, base: Base, patches: list[Patch]) -> tuple[int,
             break
     stray = [c for c in since[: len(since) - k] if c.summary in subjects]
     if stray:
+        _refuse_changed_subject(repo, since, patches)
         raise SeriesError(
             f"commit {stray[0].hexsha[:12]} ({stray[0].summary!r}) has a series subject but "
             "other commits sit on top of it",
@@ -154,6 +159,32 @@ def _already_applied(repo: Repo, base: Base, patches: list[Patch]) -> tuple[int,
             )
         results.append(PatchResult(patch.name, "already-applied", commit.hexsha))
     return k, results
+
+
+def _refuse_changed_subject(repo: Repo, since: list, patches: list[Patch]) -> None:
+    """The commits on the base are the series in order, but a subject differs between a commit
+    and its patch (reworded on one side): name that patch, not the first one that still
+    matches."""
+    if len(since) > len(patches):
+        return
+    differ = [(c, p) for c, p in zip(since, patches, strict=False) if c.summary != p.subject]
+    same_change = [
+        (c, p)
+        for c, p in differ
+        if gitops.commit_patch_id(repo, c.hexsha) == gitops.patch_id(repo, p.text)
+    ]
+    if not same_change or len(same_change) != len(differ):
+        return  # not the series with a reworded subject: the caller's message stands
+    commit, patch = same_change[0]
+    where = repo.working_tree_dir
+    raise SeriesError(
+        f"{patch.name} is applied as commit {commit.hexsha[:12]} with another subject: "
+        f"{commit.summary!r} in the checkout, {patch.subject!r} in {patch.name} (same changes); "
+        "nothing was changed",
+        hint=f"if you reworded the commit, export it (scripts/export.sh {where}); if you edited "
+        f"the patch, reword the commit to match (git -C {where} rebase -i "
+        f"{commit.hexsha[:12]}~1) or start again from a clean checkout of the pin",
+    )
 
 
 def _describe_base(repo: Repo, base: Base, k: int) -> str:
@@ -191,15 +222,18 @@ def _apply_one(wt: Repo, patch: Patch, env: dict[str, str], check: bool) -> Patc
         clean = True
     except git.GitCommandError:
         clean = False
+    # The checkout's hooks do not run on the series: one that refused would read as "does not
+    # apply", one that rewrote a message would make commits export cannot give back.
+    am = wt.git(c=f"core.hooksPath={os.devnull}").am
     try:
-        wt.git.am(*AM_ARGS, str(patch.path.resolve()), env=env)
+        am(*AM_ARGS, str(patch.path.resolve()), env=env)
     except git.GitCommandError as exc:
         detail = (exc.stderr or exc.stdout or str(exc)).strip()
         if machine_hint(detail):  # the disk, not the patch: say so
             raise
         fits = locate_patch(patch, lambda p: gitops.read_blob(wt, "HEAD", p))
         if gitops.operation_in_progress(wt) == "git am":
-            wt.git.am("--abort")
+            am("--abort")
         return PatchResult(patch.name, "failed", detail="git am said: " + detail, fits=fits)
     wrong = [m for m in blob_mismatches(wt, "HEAD", patch) if m.file in exact]
     if wrong:
@@ -261,6 +295,8 @@ def apply_series(
             raise co.stale_index_lock_error(repo)
         gitops.require_clean(repo)
         branch = _branch(repo, check)
+        if branch is not None and not check:
+            _refuse_users_result_ref(repo, result_ref(branch))
         head = gitops.head_sha(repo)
         assert head is not None
         report = _build(repo, patches, head, check, allow_base_mismatch, lock, cache_dir, progress)
@@ -272,7 +308,7 @@ def apply_series(
         ref = result_ref(branch)
         short = branch.removeprefix("refs/heads/")
         with progress.step(f"move {short} to the result"), co.signals_held() as got:
-            repo.git.update_ref("-m", "fp4series apply: result", ref, report.head_after)
+            co.write_result_ref(repo, ref, report.head_after)
             try:
                 why = co.install(repo, branch, head, report.head_after)
             except BaseException as exc:
@@ -298,8 +334,15 @@ def apply_series(
 
 
 def _drop_ref(repo: Repo, ref: str, value: str) -> None:
-    with suppress(git.GitCommandError):  # already gone, or a full disk: only our own ref stays
-        repo.git.update_ref("-d", ref, value)
+    co.drop_result_ref(repo, ref, value)
+
+
+def _refuse_users_result_ref(repo: Repo, ref: str) -> None:
+    """apply may have to leave its result on REF: one the user made there is refused up front
+    (before any work), so it is never overwritten nor deleted."""
+    value, ours = co.result_ref_value(repo, ref)
+    if value is not None and not ours:
+        raise co.users_result_ref_error(repo, ref, value)
 
 
 def _build(
@@ -403,9 +446,17 @@ def _cmd_apply(args: argparse.Namespace) -> int:
         )
     if not report.ok:
         failed = next(r for r in report.results if r.status == "failed")
+        if _corrupt(failed.detail):
+            raise SeriesError(
+                f"{failed.name} is corrupt: git cannot read it ({failed.detail}); nothing was "
+                "changed",
+                hint=f"restore it from git (git checkout -- {_shown(args.patches / failed.name)}) "
+                "or regenerate it with scripts/export.sh from the checkout it was made from",
+            )
         todo = [r.name for r in report.results if r.status != "already-applied"]
         rest = " ".join(str((args.patches / n).resolve()) for n in todo)
         am = " ".join(a for a in AM_ARGS if a != "--quiet")
+        export_base = _export_base(where, report)
         raise SeriesError(
             f"{failed.name} does not apply to {where}; nothing was changed",
             hint=f"rebase the series: git -C {where} am {am} {rest} (every patch not applied "
@@ -413,10 +464,25 @@ def _cmd_apply(args: argparse.Namespace) -> int:
             "and export still recognise the commits). git am stops at each patch that does not "
             f"apply: resolve it, git add the files, git -C {where} am --continue, and repeat "
             f"until git am has applied them all ({len(todo)}). Only then regenerate "
-            f"{_shown(args.patches)}/ with scripts/export.sh{_line_flag(line)} {where} "
-            "(exporting earlier drops the patches not applied yet)",
+            f"{_shown(args.patches)}/ with scripts/export.sh{_line_flag(line)} {where}"
+            f"{export_base} (exporting earlier drops the patches not applied yet)",
         )
     return 0
+
+
+def _corrupt(detail: str) -> bool:
+    """git am's words for a patch file it cannot parse (not one whose hunks do not fit)."""
+    return any(w in detail for w in ("corrupt patch", "corrupt binary patch", "Patch is empty"))
+
+
+def _export_base(where: Path, report: ApplyReport) -> str:
+    """` --base SHA` when commits of the user's sit between the pin and the series: export from
+    the pin would make them patches (0001 on) and renumber the series."""
+    if report.base is None:
+        return ""
+    k = sum(r.status == "already-applied" for r in report.results)
+    below = gitops.open_repo(where).commit(f"{report.head_before}~{k}").hexsha
+    return "" if below == report.base.commit else f" --base {below[:12]}"
 
 
 def _take_hint(where: Path, ref: str, started_at: str, line: Line) -> str:

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import fcntl
 import hashlib
 import json
 import os
@@ -373,13 +374,55 @@ def series_key(patches: Path, upstream_head: str) -> str:
     return inputs_hash(files, [upstream_head])
 
 
+PREPARE_LOCK = "prepare-checkout.lock"  # under .work/
+_PREPARING: set[str] = set()  # the .work dirs whose prepare lock this process holds
+
+
+@contextlib.contextmanager
+def _one_prepare_at_a_time(root: Path) -> Iterator[None]:
+    """Serialize prepare-checkout runs of a project (an flock the kernel drops when the holder
+    dies): a second run waits, saying for whom, then reuses what the first made."""
+    work = root / ".work"
+    key = os.path.realpath(work)
+    if key in _PREPARING:  # this process holds it already (the command around the function)
+        yield
+        return
+    work.mkdir(parents=True, exist_ok=True)
+    fd = os.open(work / PREPARE_LOCK, os.O_RDWR | os.O_CREAT, 0o644)
+    try:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            holder = os.pread(fd, 200, 0).decode(errors="replace").strip() or "pid ?"
+            print(
+                f"waiting for another prepare-checkout ({holder}) to finish with "
+                f"{work} (one at a time)",
+                file=sys.stderr,
+                flush=True,
+            )
+            fcntl.flock(fd, fcntl.LOCK_EX)
+        os.ftruncate(fd, 0)
+        os.pwrite(fd, f"pid {os.getpid()}\n".encode(), 0)
+        _PREPARING.add(key)
+        yield
+    finally:
+        _PREPARING.discard(key)
+        os.close(fd)
+
+
 def prepare_checkout(root: Path, *, fresh: bool = False, line: Line | None = None) -> Path:
     """Materialize the line's release (once), then make its checkout = release + series
-    (.work/checkout for the pin's line), re-using it if current.
+    (.work/checkout for the pin's line), re-using it if current. One run at a time per project
+    (a second one waits for the first).
 
     A checkout that has commits or edits the pipeline did not make (someone editing patches in
     it) is never deleted: it is moved aside to ``<checkout>.saved-<time>`` with a message.
     """
+    with _one_prepare_at_a_time(root):
+        return _prepare_checkout(root, fresh=fresh, line=line)
+
+
+def _prepare_checkout(root: Path, *, fresh: bool, line: Line | None) -> Path:
     import git
 
     from fp4series import upstream
@@ -617,7 +660,9 @@ def _cmd_tooling_venv(args: argparse.Namespace) -> int:
 
 
 def _cmd_checkout(args: argparse.Namespace) -> int:
-    print(prepare_checkout(project_root(), fresh=args.fresh, line=_line(args)))
+    root = project_root()
+    with _one_prepare_at_a_time(root):  # before the line is read: the first run may change it
+        print(prepare_checkout(root, fresh=args.fresh, line=_line(args)))
     return 0
 
 
@@ -631,7 +676,11 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     )
     add_line_option(c)
     c.add_argument("--fresh", action="store_true", help="re-clone even if the checkout is current")
-    c.set_defaults(func=_cmd_checkout)
+    c.set_defaults(
+        func=_cmd_checkout,
+        on_interrupt="run it again (scripts/main.sh does): it re-makes the checkout or reuses "
+        "what is current",
+    )
     p = subparsers.add_parser(
         "build",
         help="repack the pinned wheel with a checkout's patched files, install it into "

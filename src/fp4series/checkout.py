@@ -108,9 +108,72 @@ def result_ref(branch: str) -> str:
     return RESULT_REF_PREFIX + branch.removeprefix("refs/heads/")
 
 
+RESULT_REF_MESSAGE = "fp4series apply: result"
+
+
+def result_ref_value(repo: Repo, ref: str) -> tuple[str | None, bool]:
+    """(the commit REF holds or None, whether apply made it). apply creates its result refs
+    with a reflog whose newest entry is RESULT_REF_MESSAGE at that commit; a ref made or moved
+    by anyone else fails that test and is the user's."""
+    value = branch_tip(repo, ref)
+    if value is None:
+        return None, False
+    try:
+        top = repo.git.log("-g", "-1", "--format=%H%x09%gs", ref, "--")
+    except git.GitCommandError:
+        return value, False
+    sha, _tab, said = top.partition("\t")
+    return value, sha == value and said == RESULT_REF_MESSAGE
+
+
+def users_result_ref_error(repo: Repo, ref: str, value: str) -> SeriesError:
+    where = repo.working_tree_dir
+    try:
+        subject = repo.git.log("-1", "--format=%s", value, "--")
+    except git.GitCommandError:
+        subject = "?"
+    keep = "keep-" + ref.removeprefix(RESULT_REF_PREFIX).replace("/", "-")
+    return SeriesError(
+        f"{ref} already exists and apply did not make it (it holds {value[:12]} {subject!r}); "
+        "apply leaves its result there when the checkout moves on meanwhile, so nothing was "
+        "changed",
+        hint=f"keep that commit under another name and free the ref (git -C {where} branch "
+        f"{keep} {value} && git -C {where} update-ref -d {ref} {value}), then run apply again",
+    )
+
+
+def write_result_ref(repo: Repo, ref: str, new: str) -> None:
+    """Create REF at NEW, or replace a result apply itself left there; a ref of the user's
+    (or one that appears meanwhile: the update is a compare-and-swap) is refused."""
+    value, ours = result_ref_value(repo, ref)
+    if value is not None and not ours:
+        raise users_result_ref_error(repo, ref, value)
+    try:
+        repo.git.update_ref("--create-reflog", "-m", RESULT_REF_MESSAGE, ref, new, value or "")
+    except git.GitCommandError:
+        now, _ours = result_ref_value(repo, ref)
+        if now is not None and now != value:
+            raise users_result_ref_error(repo, ref, now) from None
+        raise
+
+
+def drop_result_ref(repo: Repo, ref: str, value: str) -> None:
+    """Delete REF if it is still apply's own result at VALUE (never a ref of the user's)."""
+    now, ours = result_ref_value(repo, ref)
+    if now != value or not ours:
+        return
+    with suppress(git.GitCommandError):  # already gone, or a full disk: only our own ref stays
+        repo.git.update_ref("-d", ref, value)
+
+
 def pause(point: str) -> None:
     """Block at a named point while a test acts on the checkout (no-op unless asked)."""
     assert point in PAUSE_POINTS, point
+    wait_at(point)
+
+
+def wait_at(point: str) -> None:
+    """pause's mechanism, for the other commands' named points (export's)."""
     wanted = os.environ.get("FP4SERIES_PAUSE_AT", "")
     if point not in wanted.split(","):
         return
@@ -665,8 +728,10 @@ def install(repo: Repo, branch: str, old: str, new: str) -> str | None:
                 _release(repo)
                 return f"{branch} or HEAD moved while apply ran"
             shutil.copyfile(Path(repo.git_dir) / "index", _private(repo))
-            with suppress(git.GitCommandError):  # read-tree -m trusts stat data: refresh it
-                repo.git.update_index("-q", "--refresh", env=_git_env(repo))
+            # read-tree -m trusts stat data: refresh it. It exits 1 when a file differs (which
+            # _in_the_way names); what it says otherwise (a full disk) explains a refusal.
+            refresh = _git_writing(repo, "update-index", "-q", "--refresh", index=_private(repo))
+            refresh_failed = _said(refresh) if refresh.returncode not in (0, 1) else ""
             mine = _in_the_way(repo, old, _changes(repo, old, new))
             if mine:
                 _release(repo)
@@ -680,7 +745,7 @@ def install(repo: Repo, branch: str, old: str, new: str) -> str | None:
             raise
         proc = _git_writing(repo, "read-tree", "-m", "-u", old, new, index=_private(repo))
         if proc.returncode != 0:
-            return _read_tree_failed(repo, branch, old, new, proc, got)
+            return _read_tree_failed(repo, branch, old, new, proc, got, refresh_failed)
         try:
             pause("worktree-updated")
             if got:
@@ -706,7 +771,13 @@ def install(repo: Repo, branch: str, old: str, new: str) -> str | None:
 
 
 def _read_tree_failed(
-    repo: Repo, branch: str, old: str, new: str, proc: subprocess.CompletedProcess, got: list
+    repo: Repo,
+    branch: str,
+    old: str,
+    new: str,
+    proc: subprocess.CompletedProcess,
+    got: list,
+    refresh_failed: str = "",
 ) -> str:
     """read-tree -m -u failed or was killed: the reason nothing was changed when it refused (it
     then wrote nothing); otherwise roll back what it wrote and raise what happened."""
@@ -719,6 +790,16 @@ def _read_tree_failed(
             _release(repo)  # it wrote nothing
         if mine:
             return _would_overwrite(mine, said)
+        if refresh_failed:  # it saw stale stat data, because the refresh could not be written
+            low = _low_space(root)
+            cause = f"{low}: " if low else ""
+            raise SeriesError(
+                f"{cause}git could not refresh its index ({refresh_failed}), so read-tree "
+                f"refused to update the work tree ({said}); nothing was changed",
+                hint=machine_hint(refresh_failed)
+                or (f"{low}: free space on it, then run apply again" if low else "")
+                or "read git's message, fix its cause, then run apply again",
+            )
         raise SeriesError(
             f"git read-tree refused to update the work tree ({said}), although those files "
             "hold what apply expects; nothing was changed",
@@ -786,8 +867,7 @@ def _recover(repo: Repo) -> tuple[str, bool] | None:
     what, done, foreign = _settle(
         repo, branch, old, new, f"an interrupted apply was moving {short}"
     )
-    with suppress(git.GitCommandError):  # its result, now applied or undone
-        repo.git.update_ref("-d", result_ref(branch), new)
+    drop_result_ref(repo, result_ref(branch), new)  # its result, now applied or undone
     if what == "finished":
         return f"finished an apply that was interrupted: {branch} is at {new[:12]}", True
     root = repo.working_tree_dir

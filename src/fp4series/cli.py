@@ -1,7 +1,9 @@
 """Thin command-line front end: each subcommand lives in the module that implements it.
 
 Every module in ``COMMAND_MODULES`` exposes ``register(subparsers) -> None``, which adds its
-subparser(s) and sets ``func`` (a callable taking the parsed namespace and returning an exit code).
+subparser(s) and sets ``func`` (a callable taking the parsed namespace and returning an exit code)
+and, optionally, ``on_interrupt``: what to run next when SIGINT stops the command (default: run
+it again). SIGINT at any moment ends in one line, that hint and exit status 130, no traceback.
 """
 
 from __future__ import annotations
@@ -11,7 +13,7 @@ import importlib
 import sys
 from collections.abc import Sequence
 
-from fp4series.errors import SeriesError, report, run_reporting_errors
+from fp4series.errors import INTERRUPTED, SeriesError, report, run_reporting_errors
 
 COMMAND_MODULES = (
     "fp4series.upstream",  # fetch / materialize / resolve-commit
@@ -56,12 +58,20 @@ def _missing_dependency(module: str) -> SeriesError:
 
 def main(argv: Sequence[str] | None = None) -> int:
     try:
-        parser = build_parser()
-    except SeriesError as exc:
-        report(exc)
-        return exc.exit_code
-    args = parser.parse_args(argv)
-    return run_reporting_errors(args.func, args)
+        try:
+            parser = build_parser()
+        except SeriesError as exc:
+            report(exc)
+            return exc.exit_code
+        args = parser.parse_args(argv)
+        return run_reporting_errors(args.func, args)
+    except KeyboardInterrupt:  # before the command started (while it runs: run_reporting_errors)
+        report(
+            SeriesError(
+                "interrupted while starting; nothing was done", hint="run the same command again"
+            )
+        )
+        return INTERRUPTED
 
 
 if __name__ == "__main__":

@@ -74,10 +74,19 @@ def as_series_error(exc: BaseException) -> SeriesError | None:
     return None
 
 
+INTERRUPTED = 130  # the shell's exit status for a process stopped by SIGINT
+
+
 def run_reporting_errors(func: Callable[[Any], int], args: Any) -> int:
-    """Run a subcommand; its failures become a message, a hint and an exit code (no traceback)."""
+    """Run a subcommand; its failures become a message, a hint and an exit code (no traceback).
+    SIGINT too: one line, the command's ``on_interrupt`` hint (or "run it again"), exit 130."""
     try:
         return int(func(args))
+    except KeyboardInterrupt:
+        command = getattr(args, "command", None) or "the command"
+        hint = getattr(args, "on_interrupt", None) or "run the same command again"
+        report(SeriesError(f"{command} was interrupted", hint=hint))
+        return INTERRUPTED
     except Exception as exc:
         error = as_series_error(exc)
         if error is None:

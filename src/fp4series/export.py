@@ -9,33 +9,38 @@ Nothing under patches/ is lost: before writing anything, export works out every 
 overwrite or delete and refuses (listing them) when one holds changes that are not committed
 (git status under the patches dir; outside a git work tree every existing file counts), unless
 told `force`. A checkout with no commits on the pin would empty the series: refused unless
-`allow_empty`. Each file is written to a temporary file and renamed over the old one, so a
-kill mid-export leaves every file either old or new, never truncated (the set of files may then
-mix old and new: rerun the export).
+`allow_empty`. Each file is written to a temporary file and renamed over the old one (keeping
+its mode), so a kill mid-export leaves every file either old or new, never truncated (after a
+SIGKILL the set of files may mix old and new: rerun the export). SIGINT/SIGTERM/SIGHUP during
+the writes wait until the set is whole; the command then says so and exits 130.
+Test hooks: FP4SERIES_PAUSE_AT=export-planned (nothing written yet) or export-wrote-one (the
+first file written), as checkout.pause.
 
 Public API (stable):
     export_series(checkout, patches_dir, *, base=None, lock=None, cache_dir=None,
-                  progress=None, force=False, allow_empty=False) -> list[Path]
+                  progress=None, force=False, allow_empty=False, allow_delete=False)
+                  -> list[Path]
         base: a revision (default: the lock's tag if the checkout has it, else the base the
         wheel RECORD proves). Writes NNNN-<stem>.patch per commit base..HEAD, rewrites the
         series file (its leading comment block kept) and removes *.patch no longer in range.
+        With an explicit base, removing any is refused (listing them) unless allow_delete or
+        force: a base above the pin would otherwise silently drop the patches below it.
     format_patch(repo, commit) -> bytes       one commit in the series' exact patch form
     patch_stem(subject) -> str                file stem for a new subject
     FORMAT_PATCH_ARGS, GIT_CONFIG_OVERRIDES
-CLI: export CHECKOUT [--line VERSION] [--base REV] [--force] [--allow-empty]
+CLI: export CHECKOUT [--line VERSION] [--base REV] [--force] [--allow-empty] [--allow-delete]
 """
 
 from __future__ import annotations
 
 import argparse
-import os
 import re
-import tempfile
 from pathlib import Path
 
 from git import InvalidGitRepositoryError, NoSuchPathError, Repo
 
 from fp4series import gitops, paths
+from fp4series.checkout import Interrupted, signals_held, wait_at
 from fp4series.errors import SeriesError
 from fp4series.line import add_line_option, resolve_line
 from fp4series.lock import Lock, load_lock
@@ -122,30 +127,24 @@ def _series_header(patches_dir: Path) -> list[str]:
 
 
 def _write(path: Path, data: bytes) -> None:
-    """Replace PATH by DATA atomically: a temporary file in the same directory, renamed."""
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
-    try:
-        with os.fdopen(fd, "wb") as fh:
-            fh.write(data)
-            fh.flush()
-            os.fsync(fh.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
+    """Replace PATH by DATA atomically, keeping its mode (paths.write_atomically)."""
+    paths.write_atomically(path, data)
 
 
 def _uncommitted(patches_dir: Path) -> set[str] | None:
     """Names of entries directly in PATCHES_DIR whose content git has not committed (modified,
     staged, untracked or ignored); None when PATCHES_DIR is not in a git work tree."""
+    real = patches_dir.resolve()  # a symlinked patches/: the work tree it really lies in
     try:
-        repo = Repo(patches_dir, search_parent_directories=True)
+        repo = Repo(real, search_parent_directories=True)
     except (InvalidGitRepositoryError, NoSuchPathError):
         return None
     if repo.bare or repo.working_tree_dir is None:
         return None
     top = Path(repo.working_tree_dir).resolve()
-    rel = patches_dir.resolve().relative_to(top).as_posix()
+    if not real.is_relative_to(top):
+        return None
+    rel = real.relative_to(top).as_posix()
     out = repo.git.status(
         "--porcelain=v1", "-z", "--untracked-files=all", "--ignored", "--", rel or "."
     )
@@ -180,6 +179,17 @@ def _refuse_losses(patches_dir: Path, planned: dict[str, bytes], stale: list[Pat
         )
 
 
+def _refuse_deleting(base: str, base_sha: str, count: int, stale: list[Path]) -> None:
+    """--base names where the series starts: one that leaves patches out would delete them."""
+    listed = "\n".join(f"  delete {p}" for p in stale)
+    raise SeriesError(
+        f"--base {base} ({base_sha[:12]}) leaves {count} commit(s) on top of it, so export would "
+        f"delete {len(stale)} patch(es) that none of them makes; nothing was written:\n{listed}",
+        hint="leave out --base (export finds the pin itself) or pass the pin's tag; if those "
+        "patches are really to go, pass --allow-delete (or --force)",
+    )
+
+
 def _resolve_base(repo: Repo, base: str | None, lock: Lock, patches_dir: Path, cache: Path | None):
     if base:
         try:
@@ -206,6 +216,7 @@ def export_series(
     progress: Progress | None = None,
     force: bool = False,
     allow_empty: bool = False,
+    allow_delete: bool = False,
 ) -> list[Path]:
     """Write one patch per commit base..HEAD into PATCHES_DIR and rewrite its series file."""
     progress = progress or Progress()
@@ -243,20 +254,27 @@ def export_series(
         lines = _series_header(patches_dir) + names
         series_text = ("\n".join(lines) + "\n").encode() if lines else b""
         stale = [p for p in existing if p.name not in planned]
+        if base and stale and not (force or allow_delete):
+            _refuse_deleting(base, base_sha, len(commits), stale)
         if not force:
             _refuse_losses(patches_dir, {**planned, SERIES_FILE: series_text}, stale)
         patches_dir.mkdir(parents=True, exist_ok=True)
         written: list[Path] = []
-        for name, data in planned.items():
-            _write(patches_dir / name, data)
-            written.append(patches_dir / name)
-            progress.info(name)
-        for path in stale:
-            path.unlink()
-            progress.info(f"removed {path.name}")
-        _write(patches_dir / SERIES_FILE, series_text)
-    if read_series_names(patches_dir) != names:
-        raise SeriesError("internal: the series file does not list what was exported")
+        wait_at("export-planned")
+        with signals_held() as got:  # a signal waits until the series is whole (no mixed set)
+            for name, data in planned.items():
+                _write(patches_dir / name, data)
+                written.append(patches_dir / name)
+                progress.info(name)
+                wait_at("export-wrote-one")
+            for path in stale:
+                path.unlink()
+                progress.info(f"removed {path.name}")
+            _write(patches_dir / SERIES_FILE, series_text)
+            if read_series_names(patches_dir) != names:
+                raise SeriesError("internal: the series file does not list what was exported")
+    if got:
+        raise Interrupted(f"export had finished: {len(written)} patch(es) in {patches_dir}")
     return written
 
 
@@ -271,9 +289,26 @@ def _cmd_export(args: argparse.Namespace) -> int:
         cache_dir=args.cache_dir,
         force=args.force,
         allow_empty=args.allow_empty,
+        allow_delete=args.allow_delete,
     )
     print(f"exported {len(written)} patch(es) to {args.patches}")
     return 0
+
+
+def _cmd_export_reporting(args: argparse.Namespace) -> int:
+    """A signal before the writes: nothing written; during them: held until the set is whole."""
+    try:
+        return _cmd_export(args)
+    except Interrupted as exc:
+        error = SeriesError(f"export was interrupted after it wrote every file; {exc.state}")
+        error.hint = "nothing is left to do; check the result with git diff " + str(args.patches)
+        error.exit_code = 130
+        raise error from None
+    except KeyboardInterrupt:
+        error = SeriesError("export was interrupted before it wrote anything")
+        error.hint = f"run scripts/export.sh {args.checkout} again"
+        error.exit_code = 130
+        raise error from None
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
@@ -294,8 +329,13 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         help="overwrite or delete files in the patches dir even if their changes are not committed",
     )
     p.add_argument(
+        "--allow-delete",
+        action="store_true",
+        help="with --base: delete the patches no commit on top of it makes",
+    )
+    p.add_argument(
         "--allow-empty",
         action="store_true",
         help="export a checkout with no commits on the pin (empties the series)",
     )
-    p.set_defaults(func=_cmd_export)
+    p.set_defaults(func=_cmd_export_reporting)

@@ -240,7 +240,7 @@ def _check_trailers(
             )
     group = patch.trailers.get("Group")
     if group is not None:
-        bad = paths.name_problem(group.strip())
+        bad = paths.name_problem(group.strip()) or paths.ref_name_problem(group.strip())
         if bad:
             say.append(
                 (
@@ -305,10 +305,7 @@ def lint_patch(path: Path, *, root: Path, series_names: list[str] | None = None)
                 "was cut short there, or not written by scripts/export.sh",
             )
         )
-    if series_names is not None and patch.name in series_names and _NAME.match(patch.name):
-        pos = series_names.index(patch.name) + 1
-        if int(patch.name[:4]) != pos:
-            say.append((0, f"number {patch.name[:4]} but position {pos} in {SERIES_FILE}"))
+    # a number other than the position is a series problem (series_problems), as for apply
     return name_problem + [Problem(shown, ln, msg) for ln, msg in say]
 
 

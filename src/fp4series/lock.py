@@ -25,15 +25,13 @@ Public API (stable):
 
 from __future__ import annotations
 
-import os
 import re
-import tempfile
 import tomllib
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 from fp4series.errors import SeriesError
-from fp4series.paths import name_problem
+from fp4series.paths import name_problem, write_atomically
 
 UNRESOLVED = "unresolved"
 _SHA1 = re.compile(r"^[0-9a-f]{40}$")
@@ -276,17 +274,10 @@ def _set_key(lines: list[str], start: int, end: int, key: str, value: str) -> No
 
 
 def _write_checked(lock_path: Path, lines: list[str]) -> None:
-    """Write atomically, but only text that still parses as a valid lock."""
+    """Write atomically (keeping the file's mode), but only text that still parses as a valid
+    lock."""
     text = "\n".join(lines) + "\n"
-    fd, tmp = tempfile.mkstemp(prefix=".upstream.lock.", dir=lock_path.parent)
-    try:
-        with os.fdopen(fd, "w", encoding="utf-8") as fh:
-            fh.write(text)
-        load_lock(Path(tmp))
-        os.replace(tmp, lock_path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
+    write_atomically(lock_path, text.encode("utf-8"), check=load_lock)
 
 
 def record_target_sha256(lock_path: Path | str, version: str, filename: str, sha256: str) -> None:

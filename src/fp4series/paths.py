@@ -12,10 +12,17 @@ tag and file names) go through these, so no such value can point outside the com
     safe_name(value, what, hint="") -> str   VALUE if it is one plain file name, else
                                         SeriesError naming WHAT and why (separator, '..', ...)
     name_problem(value) -> str | None  why VALUE is not a plain name (None: it is one)
+    ref_name_problem(value) -> str | None  why git cannot use a plain VALUE as a ref component
     inside(path, owner) -> Path        PATH with symlinks resolved, SeriesError unless it lies
                                         strictly inside OWNER (also resolved)
     remove_tree_inside(path, owner)    remove PATH (a tree, a file or a link; absent is fine),
                                         only once inside() proved it lies inside OWNER
+
+Writing the project's files (export, rebase, the lock):
+    write_atomically(path, data, check=None)  replace PATH by DATA through a temporary file in
+        its directory (a kill leaves the old or the new file, never half of one), keeping
+        PATH's mode (a new file gets the umask's, as `open` would); byte-identical content is
+        left as it is; CHECK(tmp_path) may refuse the new text before it replaces the old
 """
 
 from __future__ import annotations
@@ -23,6 +30,9 @@ from __future__ import annotations
 import os
 import re
 import shutil
+import stat
+import tempfile
+from collections.abc import Callable
 from pathlib import Path
 
 from fp4series.errors import SeriesError
@@ -78,6 +88,18 @@ def name_problem(value: str) -> str | None:
     return None
 
 
+def ref_name_problem(value: str) -> str | None:
+    """Why git cannot use VALUE as one component of a ref name (git check-ref-format), for a
+    plain name (name_problem None) that is also a branch: None when it can."""
+    if value.endswith(".lock"):
+        return "git refuses ref names ending in '.lock'"
+    if ".." in value or "@{" in value or value == "@":
+        return "git refuses '..', '@{' and a lone '@' in ref names"
+    if value.endswith("."):
+        return "git refuses ref names ending in '.'"
+    return None
+
+
 def safe_name(value: str, what: str, hint: str = "") -> str:
     """VALUE unchanged if it can be joined to a directory as one entry of it, else SeriesError."""
     problem = name_problem(value)
@@ -113,3 +135,37 @@ def remove_tree_inside(path: Path | str, owner: Path | str) -> None:
         real.unlink()
     elif real.exists():
         shutil.rmtree(real)
+
+
+def _umask() -> int:
+    mask = os.umask(0o022)
+    os.umask(mask)
+    return mask
+
+
+def write_atomically(
+    path: Path | str, data: bytes, check: Callable[[Path], object] | None = None
+) -> None:
+    """Replace PATH by DATA atomically, keeping its mode (module doc)."""
+    path = Path(path)
+    try:
+        mode: int | None = stat.S_IMODE(os.stat(path).st_mode)
+        if path.read_bytes() == data:
+            return
+    except FileNotFoundError:
+        mode = None
+    if mode is None:
+        mode = 0o666 & ~_umask()
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    try:
+        with os.fdopen(fd, "wb") as fh:
+            fh.write(data)
+            fh.flush()
+            os.fchmod(fh.fileno(), mode)
+            os.fsync(fh.fileno())
+        if check is not None:
+            check(Path(tmp))
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise

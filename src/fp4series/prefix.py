@@ -226,10 +226,18 @@ def run_prefixes(
 
 
 def run_all(
-    root: Path, python: Path, checkout: Path, pytest_args: list[str], line: Line | None = None
+    root: Path,
+    python: Path,
+    checkout: Path,
+    pytest_args: list[str],
+    line: Line | None = None,
+    *,
+    checkout_named: bool = False,
 ) -> int:
     """The README's test command for a line: its suites, report checks, prefixes; one closing
-    tally line."""
+    tally line, whatever happened. Without the line's checkout (a fresh clone where only
+    scripts/build.sh ran, as the README's own-checkout section does) the prefixes are skipped
+    with a note; a checkout the caller named (CHECKOUT_NAMED) must exist."""
     line = line or resolve_line(root=root)
     tally = Tally()
     rcs: list[int] = []
@@ -284,14 +292,7 @@ def run_all(
     if os.environ.get("FP4SERIES_SKIP_PREFIXES") == "1":
         print("[test] prefixes: skipped (FP4SERIES_SKIP_PREFIXES=1)", flush=True)
     else:
-        from fp4series.workspace import resolve_base
-
-        if not (checkout / ".git").exists():
-            raise SeriesError(f"{checkout} is not a git checkout", hint="run scripts/main.sh first")
-        base = resolve_base(checkout, line.tag)
-        rcs.append(
-            run_prefixes(checkout, root=root, python=python, base=base, tally=tally, line=line)
-        )
+        rcs.append(_prefixes_step(root, python, checkout, line, tally, checkout_named))
     if tally.failures:
         print("[test] failed: " + ", ".join(tally.failures))
     if tally.passed + tally.failed == 0:
@@ -299,6 +300,33 @@ def run_all(
         rcs.append(PYTEST_NO_TESTS)
     print(f"{tally.passed} passed, {tally.failed} failed, {tally.skipped} skipped", flush=True)
     return 0 if all(rc == 0 for rc in rcs) else 1
+
+
+def _prefixes_step(
+    root: Path, python: Path, checkout: Path, line: Line, tally: Tally, checkout_named: bool
+) -> int:
+    """run_all's prefix step: a refusal is a failure with its message, not the end of the run
+    (the closing tally line is still printed)."""
+    from fp4series.workspace import resolve_base
+
+    if not (checkout / ".git").exists() and not checkout_named:
+        print(
+            f"[test] prefixes: skipped: {checkout} is not a git checkout (scripts/main.sh makes "
+            "it; on your own checkout: python -m fp4series test-prefixes CHECKOUT)",
+            flush=True,
+        )
+        return 0
+    try:
+        if not (checkout / ".git").exists():
+            raise SeriesError(f"{checkout} is not a git checkout", hint="run scripts/main.sh first")
+        base = resolve_base(checkout, line.tag)
+        return run_prefixes(checkout, root=root, python=python, base=base, tally=tally, line=line)
+    except SeriesError as exc:
+        hint = f" ({exc.hint})" if exc.hint else ""
+        print(f"[test] prefixes: FAILED: {exc}{hint}", flush=True)
+        tally.failed += 1
+        tally.failures.append("prefixes")
+        return 1
 
 
 def _paths(args: argparse.Namespace) -> tuple[Path, Path, Path, Line]:
@@ -337,7 +365,9 @@ def _cmd_prefixes(args: argparse.Namespace) -> int:
 
 def _cmd_test(args: argparse.Namespace) -> int:
     root, checkout, python, line = _paths(args)
-    return run_all(root, python, checkout, _strip_dashdash(args.pytest_args), line=line)
+    pytest_args = _strip_dashdash(args.pytest_args)
+    named = bool(args.checkout)
+    return run_all(root, python, checkout, pytest_args, line=line, checkout_named=named)
 
 
 def _strip_dashdash(args: list[str]) -> list[str]:

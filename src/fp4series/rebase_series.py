@@ -28,8 +28,15 @@ entry written into the lock; a summary says what was dropped, shrunk, applied an
 
 Nothing is written to the project (patches/, the lock) before that final step, which is
 idempotent: a kill during it is finished by --continue, as a kill anywhere else is resumed.
---abort removes only .work/rebase/<V>. One rebase at a time. Defaults: the source is the
-project's patches/ (the pin's line), --out patches/<VERSION>.
+Before it writes, it copies the line's files and the lock (with their modes) into
+.work/rebase/<V>/before; once written, the state says ``done`` until the work directory is gone
+(it is renamed away first, so a kill in that cleanup leaves a finished rebase, not half of one).
+--abort undoes a rebase at any step: the line's files and the lock are put back from ``before``
+when the final write had begun, and a work checkout holding changes or untracked files of yours
+is moved aside to .work/rebase-aborted/ (and named), as ``git rebase --abort`` keeps untracked
+files; then it removes .work/rebase/<V>. One rebase command at a time; --status says so when
+another one runs. Defaults: the source is the project's patches/ (the pin's line), --out
+patches/<VERSION>.
 
 --check replays in scratch with the committed --out line as the record and compares the line
 it generates with --out byte for byte: exit 1 listing the files that differ (or where the
@@ -45,6 +52,9 @@ import fcntl
 import json
 import os
 import shutil
+import stat
+import subprocess
+import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -67,6 +77,7 @@ from fp4series.rebase.replay import (
     pause,
     stop_of,
 )
+from fp4series.rebase.worktree import WorkCheckout
 from fp4series.rebase_check import prepare_release
 from fp4series.series import SERIES_FILE, load_series, read_series_names
 
@@ -74,6 +85,12 @@ SCRIPT = "scripts/rebase.sh"
 LOCK_FILE = "rebase.lock"
 CHECK_DIR = "check"
 SCRATCH_OUT = "out"
+BEFORE = "before"  # the line's files and the lock as they were before the final write
+MANIFEST = "manifest.json"
+LOCK_COPY = "upstream.lock"
+TRASH = ".removing-"  # a work directory renamed away to be removed: no longer a rebase
+ABORTED = "rebase-aborted"  # under .work: work checkouts --abort moved aside
+ABORTING = "aborting"  # written first by --abort: the rebase is being undone, not resumable
 
 
 def cmd_rebase(args: argparse.Namespace) -> int:
@@ -94,11 +111,54 @@ def cmd_rebase(args: argparse.Namespace) -> int:
         raise SeriesError("--drop goes with --continue", hint=f'{SCRIPT} --continue --drop "why"')
     base.mkdir(parents=True, exist_ok=True)
     with _one_at_a_time(base):
+        _remove_trash(base)  # under the lock: no other command is removing it meanwhile
         if args.abort:
             return _abort(base)
         if args.cont:
             return _continue(base, args)
         return _start(root, base, args)
+
+
+def _running(base: Path) -> str | None:
+    """Who holds the one-at-a-time lock now ("pid N"), or None; takes nothing."""
+    try:
+        fd = os.open(base / LOCK_FILE, os.O_RDONLY)
+    except FileNotFoundError:
+        return None
+    try:
+        fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
+    except BlockingIOError:
+        return os.pread(fd, 200, 0).decode(errors="replace").strip() or "pid ?"
+    finally:
+        os.close(fd)
+    return None
+
+
+def _rebase_dirs(base: Path) -> list[Path]:
+    """The rebases' own work directories (marked by OWNER), not a check's, not trash."""
+    if not base.is_dir():
+        return []
+    return sorted(
+        d
+        for d in base.iterdir()
+        if d.name != CHECK_DIR and not d.name.startswith(TRASH) and (d / OWNER).exists()
+    )
+
+
+def _remove_trash(base: Path) -> None:
+    """Work directories renamed away by a finished or aborted rebase killed while removing them."""
+    if base.is_dir():
+        for d in base.iterdir():
+            if d.name.startswith(TRASH):
+                paths.remove_tree_inside(d, base)
+
+
+def _remove_work(work: Path) -> None:
+    """Rename WORK away first (atomic), then remove it: a kill leaves it whole or not a rebase."""
+    trash = work.parent / f"{TRASH}{work.name}-{os.getpid()}"
+    os.replace(work, trash)
+    pause("work-renamed")
+    paths.remove_tree_inside(trash, work.parent)
 
 
 @contextmanager
@@ -126,9 +186,7 @@ def _one_at_a_time(base: Path) -> Iterator[None]:
 
 
 def _in_progress(base: Path) -> list[Path]:
-    if not base.is_dir():
-        return []
-    return sorted(d for d in base.iterdir() if d.name != CHECK_DIR and (d / STATE).is_file())
+    return [d for d in _rebase_dirs(base) if (d / STATE).is_file()]
 
 
 def _start(root: Path, base: Path, args: argparse.Namespace) -> int:
@@ -138,7 +196,8 @@ def _start(root: Path, base: Path, args: argparse.Namespace) -> int:
         raise SeriesError(
             f"a rebase is in progress: {_where(state) if state else busy[0]}; nothing was started",
             hint=f"continue it ({SCRIPT} --continue), see where it is ({SCRIPT} --status), or "
-            f"give it up ({SCRIPT} --abort: removes {_display(busy[0])} only)",
+            f"give it up ({SCRIPT} --abort: removes {_display(busy[0])}, moving changes of "
+            "yours in its checkout aside)",
         )
     lock_path = Path(args.lock) if args.lock else paths.default_lock_path()
     lock = lock_mod.load_lock(lock_path)
@@ -180,6 +239,13 @@ def _start(root: Path, base: Path, args: argparse.Namespace) -> int:
             hint="rebase to a later [[targets]] release",
         )
     work = base / CHECK_DIR / version if args.check else base / version
+    if work.exists() and not (work / OWNER).exists():
+        raise SeriesError(
+            f"{_display(work)} exists but no rebase made it (it has no {OWNER} mark); nothing "
+            "was started and nothing there was touched",
+            hint=f"move it elsewhere (or remove it if you do not need it: rm -r {_display(work)}), "
+            "then start again",
+        )
     if work.exists():  # ours (no state: a start killed before its first step, or a check)
         paths.remove_tree_inside(work, base)
     work.parent.mkdir(parents=True, exist_ok=True)
@@ -282,7 +348,7 @@ def _preparer(root: Path, lock_path: Path) -> Callable[[str], Target]:
 def _continue(base: Path, args: argparse.Namespace) -> int:
     busy = _in_progress(base)
     if not busy:
-        killed = [d for d in base.iterdir() if d.name != CHECK_DIR and (d / OWNER).exists()]
+        killed = _rebase_dirs(base)
         hint = f"start one: {SCRIPT} --to VERSION"
         if killed:
             hint = (
@@ -291,6 +357,12 @@ def _continue(base: Path, args: argparse.Namespace) -> int:
             )
         raise SeriesError("no rebase in progress", hint=hint)
     work = busy[0]
+    if (work / ABORTING).exists():
+        raise SeriesError(
+            f"the rebase to {work.name} is being aborted (an --abort was interrupted); it "
+            "cannot be continued",
+            hint=f"finish the abort: {SCRIPT} --abort",
+        )
     state = load_state(work)
     assert state is not None
     replay = Replay(work, state, _preparer(paths.project_root(), Path(state.lock)))
@@ -306,30 +378,157 @@ def _continue(base: Path, args: argparse.Namespace) -> int:
 
 
 def _abort(base: Path) -> int:
-    found = [d for d in base.iterdir() if d.name != CHECK_DIR and (d / OWNER).exists()]
+    found = _rebase_dirs(base)
     if not found:
         raise SeriesError("no rebase in progress; nothing to abort", hint=f"{SCRIPT} --status")
     for work in found:
         state = load_state(work)
-        paths.remove_tree_inside(work, base)
+        (work / ABORTING).write_text("scripts/rebase.sh --abort\n")
+        kept = _keep_users_work(work, state)
+        restored = _restore_before(work) if state is not None else []
+        pause("abort-restored")
+        _remove_work(work)
         print(f"aborted the rebase to {work.name}: removed {_display(work)}")
-        if state is not None and state.phase == "write":
+        if kept is not None:
+            print(
+                f"  the work checkout held changes or untracked files of yours: moved it to "
+                f"{_display(kept)} (git -C {_display(kept)} status shows them; remove it when "
+                "you are done with them)"
+            )
+        if restored:
+            print(
+                "  its final write had begun: put back as they were before it: "
+                + ", ".join(restored)
+            )
+        elif state is not None and state.phase in ("write", "done"):  # no copy: an older run
             print(
                 f"  note: its final write had begun: {_display(Path(state.out))} may hold new "
                 "files; `git status` shows them, `git checkout` restores the committed ones"
             )
-    print("  the project's patches and lock were not touched")
+        else:
+            print("  the project's patches and lock were not touched")
     return 0
 
 
+def _keep_users_work(work: Path, state: State | None) -> Path | None:
+    """Move the work checkout aside when it holds anything the rebase did not leave there: a
+    resolution begun, files edited or staged, untracked files, commits after the stop."""
+    co = WorkCheckout(work / "checkout")
+    if not (co.path / ".git").exists():
+        return None
+    step = state.step if state is not None else None
+    try:
+        if step is not None and step["phase"] == "stopped":
+            mine = co.fingerprint() != step.get("fingerprint")
+        else:
+            mine = bool(co.status())
+    except (OSError, SeriesError, subprocess.CalledProcessError):
+        mine = True  # cannot tell: keep it
+    if not mine:
+        return None
+    stamp = f"{work.name}-{time.strftime('%Y%m%dT%H%M%S')}"
+    dest = work.parent.parent / ABORTED / stamp
+    n = 1
+    while dest.exists():  # two aborts in one second: never into an earlier one's folder
+        n += 1
+        dest = dest.with_name(f"{stamp}-{n}")
+    dest.mkdir(parents=True)
+    if (work / MESSAGE).is_file():
+        shutil.copyfile(work / MESSAGE, dest / MESSAGE)
+    os.replace(co.path, dest / "checkout")
+    return dest / "checkout"
+
+
+# ---------------------------------------------------------------- before the final write
+
+
+def _take_before(replay: Replay) -> None:
+    """Copy the line's files and the lock, with their modes, into BEFORE (whole or not at all:
+    made under a temporary name, then renamed)."""
+    st = replay.state
+    out, lock_path = Path(st.out), Path(st.lock)
+    final, tmp = replay.work / BEFORE, replay.work / (BEFORE + ".tmp")
+    for d in (final, tmp):
+        if d.exists():
+            paths.remove_tree_inside(d, replay.work)
+    tmp.mkdir()
+    files = {}
+    for name in _line_files(out):
+        shutil.copyfile(out / name, tmp / name)
+        files[name] = stat.S_IMODE(os.stat(out / name).st_mode)
+    shutil.copyfile(lock_path, tmp / LOCK_COPY)
+    manifest = {
+        "out_existed": out.is_dir(),
+        "files": files,
+        "lock_mode": stat.S_IMODE(os.stat(lock_path).st_mode),
+    }
+    (tmp / MANIFEST).write_text(json.dumps(manifest, indent=1) + "\n")
+    os.replace(tmp, final)
+
+
+def _restore_before(work: Path) -> list[str]:
+    """Put the line's files and the lock back from BEFORE (what the final write may have
+    changed); idempotent. Returns what was put back, [] when the write had not begun."""
+    state = load_state(work)
+    before = work / BEFORE
+    if state is None or state.phase not in ("write", "done") or not (before / MANIFEST).is_file():
+        return []
+    manifest = json.loads((before / MANIFEST).read_text())
+    out, lock_path = Path(state.out), Path(state.lock)
+    files: dict[str, int] = manifest["files"]
+    for name in _line_files(out):
+        if name not in files:
+            (out / name).unlink()
+    for name, mode in files.items():
+        paths.write_atomically(out / name, (before / name).read_bytes())
+        os.chmod(out / name, mode)
+    if not manifest["out_existed"] and out.is_dir() and not any(out.iterdir()):
+        out.rmdir()
+    paths.write_atomically(lock_path, (before / LOCK_COPY).read_bytes())
+    os.chmod(lock_path, manifest["lock_mode"])
+    return [_display(out) + "/", _display(lock_path)]
+
+
 def _status(base: Path) -> int:
+    running = _running(base)
+    if running is not None:
+        print(
+            f"a rebase command is running now ({running}); what it has recorded so far follows "
+            "(it changes as that command goes on)"
+        )
     busy = _in_progress(base)
     if not busy:
-        print("no rebase in progress")
+        killed = _rebase_dirs(base)
+        if killed and running is None:
+            print(
+                f"no rebase in progress: {_display(killed[0])} is a rebase killed while it "
+                f"started (before its first step): start it again with {SCRIPT} --to "
+                f"{killed[0].name}, or remove it with {SCRIPT} --abort"
+            )
+        elif running is None:
+            print("no rebase in progress")
+        else:
+            print("  it has not recorded its first step yet")
         return 0
     work = busy[0]
     state = load_state(work)
     assert state is not None
+    if (work / ABORTING).exists():
+        print(
+            f"rebase to {state.version}: an --abort was interrupted; it is half undone (its work "
+            f"checkout may already be moved aside to .work/{ABORTED}/, the line and the lock may "
+            "already be put back)"
+        )
+        print(f"  finish it with: {SCRIPT} --abort")
+        return 0
+    if state.phase == "done":
+        print(
+            f"rebase to {state.version} finished: the line is written into "
+            f"{_display(Path(state.out))} and {_display(Path(state.lock))}; only removing "
+            f"{_display(work)} is left"
+        )
+        print(f"  finish it with: {SCRIPT} --continue (or undo the write: {SCRIPT} --abort)")
+        return 0
     print(f"rebase to {state.version} in progress: {_where(state)}")
     print(
         f"  source {_display(Path(state.source))} ({state.source_version}), "
@@ -350,8 +549,14 @@ def _status(base: Path) -> int:
 
 def _where(state: State) -> str:
     step = state.step
+    if state.phase == "finish":
+        n = len(state.patches)
+        return f"to {state.version}, all {n} patches replayed, the line not written yet"
     if state.phase != "replay":
-        return f"to {state.version}, all {len(state.patches)} patches replayed, writing the line"
+        return (
+            f"to {state.version}, all {len(state.patches)} patches replayed, stopped while "
+            f"writing the line into {_display(Path(state.out))} and the lock"
+        )
     if step is not None and step["phase"] == "stopped":
         return f"to {state.version}, stopped at {step['patch']} ({step['kind']})"
     return f"to {state.version}, {state.index} of {len(state.patches)} patches done"
@@ -377,6 +582,10 @@ def _drive(replay: Replay, *, force: bool) -> int:
                 return 1
             print(_describe_stop(stop, st, replay.work))
             return 1
+    if st.phase == "done":  # killed in the cleanup: only the work directory is left
+        print(_summary(st))
+        _remove_work(replay.work)
+        return 0
     if st.phase == "finish":
         problems = _finish(replay)
         if problems:
@@ -392,11 +601,15 @@ def _drive(replay: Replay, *, force: bool) -> int:
             return 1
         if st.check:
             return _compare(replay)
+        _take_before(replay)
         st.phase = "write"
         replay.save()
     _write(replay, force)
+    st.phase = "done"
+    replay.save()
+    pause("write-done")
     print(_summary(st))
-    paths.remove_tree_inside(replay.work, replay.work.parent)
+    _remove_work(replay.work)
     return 0
 
 
@@ -421,6 +634,7 @@ def _finish(replay: Replay) -> list[str]:
             lock=lock,
             force=True,
             allow_empty=True,
+            allow_delete=True,
             progress=replay.progress,
         )
     header = parse_dropped(out / DROPPED).header if (out / DROPPED).is_file() else None
@@ -493,6 +707,7 @@ def _write(replay: Replay, force: bool) -> None:
                 lock=lock_mod.load_lock(st.lock),
                 force=force,
                 allow_empty=True,
+                allow_delete=True,  # the line is the rebase's to replace (--abort restores it)
                 progress=replay.progress,
             )
     except SeriesError as exc:
@@ -556,7 +771,8 @@ def _describe_stop(stop: Stop, st: State, work: Path) -> str:
     lines += [f"  prepared commit message: {msg}", *todo]
     lines += [
         f'  to drop it (upstream covers it): {SCRIPT} --continue --drop "why"',
-        f"  to give up: {SCRIPT} --abort (removes {_display(work)} only)",
+        f"  to give up: {SCRIPT} --abort (removes {_display(work)}; changes of yours in its "
+        "checkout are moved aside, not lost)",
     ]
     return "\n".join(lines)
 
@@ -616,4 +832,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         action="store_true",
         help="let the final write replace uncommitted changes in --out",
     )
-    p.set_defaults(func=cmd_rebase)
+    p.set_defaults(
+        func=cmd_rebase,
+        on_interrupt=f"{SCRIPT} --status says where it stopped; {SCRIPT} --continue resumes it "
+        f"(a check: run it again), {SCRIPT} --abort gives it up",
+    )

@@ -4,7 +4,9 @@ Public API (stable):
     load_series(patches_dir) -> list[Patch]
         Read the order file ('#' comments and blank lines allowed) and parse every patch.
         SeriesError if an entry is missing, listed twice, not a plain file name in the directory
-        (no '/', '..' or absolute path: see paths.name_problem), or a *.patch file is not listed.
+        (no '/', '..' or absolute path: see paths.name_problem), a symbolic link to a file
+        outside the directory, numbered NNNN- other than its position, or a *.patch file is not
+        listed. lint reports exactly these (series_problems), so lint and apply agree.
         A directory with neither a series file nor patches is an empty series.
     read_series_names(patches_dir) -> list[str]          just the order file
     parse_patch(path) -> Patch                            SeriesError names the file (and line)
@@ -42,6 +44,7 @@ _INDEX = re.compile(
 _HUNK = re.compile(r"^@@ -(\d+)(?:,(\d+))? \+(\d+)(?:,(\d+))? @@ ?(.*)$")
 _TRAILER = re.compile(r"^([A-Za-z][A-Za-z0-9-]*):\s*(.*)$")
 _PATCH_PREFIX = re.compile(r"^\s*\[[^\]]*PATCH[^\]]*\]\s*")
+_NUMBER = re.compile(r"^(\d{4})-")  # NNNN-stem.patch: its number is its position
 
 
 @dataclass
@@ -375,10 +378,13 @@ def series_problems(patches_dir: Path | str) -> list[tuple[int, str]]:
         return [(0, f"no {SERIES_FILE} file but patches exist: {on_disk}")] if on_disk else []
     problems: list[tuple[int, str]] = []
     seen: dict[str, int] = {}
+    real_dir = patches_dir.resolve()
+    position = 0
     for no, line in enumerate(series.read_text(encoding="utf-8").splitlines(), 1):
         entry = line.split("#", 1)[0].strip()
         if not entry:
             continue
+        position += 1
         bad = name_problem(entry)
         if bad:
             problems.append((no, f"{entry!r} is not a plain file name in {patches_dir}: {bad}"))
@@ -386,8 +392,18 @@ def series_problems(patches_dir: Path | str) -> list[tuple[int, str]]:
         if entry in seen:
             problems.append((no, f"{entry} is listed twice (first on line {seen[entry]})"))
         seen.setdefault(entry, no)
-        if not (patches_dir / entry).is_file():
+        path = patches_dir / entry
+        if not path.is_file():
             problems.append((no, f"{entry} is listed but does not exist"))
+        elif path.is_symlink() and path.resolve().parent != real_dir:
+            problems.append(
+                (no, f"{entry} is a symbolic link to {path.resolve()}, outside {patches_dir}")
+            )
+        number = _NUMBER.match(entry)
+        if number and int(number.group(1)) != position:
+            problems.append(
+                (no, f"{entry}: number {number.group(1)} but position {position} in {SERIES_FILE}")
+            )
     for name in on_disk:
         if name not in seen:
             problems.append((0, f"{name} exists but is not listed in {SERIES_FILE}"))

@@ -98,11 +98,20 @@ def _mismatch_error(repo: Repo, lock: Lock, problems: list[str], why: str) -> Se
     shown = "\n".join(f"  {p}" for p in problems[:20])
     more = f"\n  ... and {len(problems) - 20} more" if len(problems) > 20 else ""
     where = repo.working_tree_dir
+    tag = lock.pin.tag
+    if _rev_commit(repo, f"refs/tags/{tag}") is not None:
+        take = f"check out the pin (git -C {where} checkout -b work {tag})"
+    elif lock.pin.commit_resolved and _rev_commit(repo, lock.pin.commit) is not None:
+        take = f"check out the pin's commit (git -C {where} checkout -b work {lock.pin.commit})"
+    else:  # a hint naming a tag the checkout lacks would fail as written
+        take = (
+            f"this checkout has no tag {tag}: fetch it (git -C {where} fetch {lock.repo_url} "
+            f"tag {tag}), then check it out (git -C {where} checkout -b work {tag})"
+        )
     return SeriesError(
-        f"{where} is not at the pin {lock.pin.tag}: {why}" + (f"\n{shown}{more}" if shown else ""),
-        hint=f"check out the pin (git -C {where} checkout -b work {lock.pin.tag}) or materialize "
-        "it (scripts/fetch-upstream.sh DEST); or pass --allow-base-mismatch to try anyway "
-        "(3-way merge, never fuzz)",
+        f"{where} is not at the pin {tag}: {why}" + (f"\n{shown}{more}" if shown else ""),
+        hint=f"{take}, or materialize the pin (scripts/fetch-upstream.sh DEST); or pass "
+        "--allow-base-mismatch to try anyway (3-way merge, never fuzz)",
     )
 
 

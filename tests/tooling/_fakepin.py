@@ -6,6 +6,7 @@ from __future__ import annotations
 import base64
 import hashlib
 import os
+import signal
 import subprocess
 import zipfile
 from dataclasses import dataclass
@@ -37,6 +38,14 @@ tests/tooling/test_x.py
 Upstream-Status: Pending
 Tests: tests/test_fake.py::test_one{extra}
 """
+
+
+def default_signals() -> None:
+    """preexec_fn for a command a test signals: SIGINT (and SIGTERM, SIGHUP) as a terminal's
+    foreground process has them, whatever the suite was started with (a backgrounded
+    scripts/main.sh or a CI runner starts it with SIGINT ignored, which the child inherits)."""
+    for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
+        signal.signal(sig, signal.SIG_DFL)
 
 
 def isolate_git(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:

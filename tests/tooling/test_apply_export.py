@@ -138,6 +138,20 @@ def test_wrong_base_is_refused_with_what_to_do(env: Env) -> None:
     assert "k.h" not in msg  # not touched by the series: not checked
     assert "git -C" in exc.value.hint and "--allow-base-mismatch" in exc.value.hint
     assert tree_fingerprint(co) == before
+    # the checkout lacks the tag: the hint fetches it first instead of naming it as if it were there
+    assert exc.value.hint.startswith(
+        f"this checkout has no tag v0.5.11: fetch it (git -C {co} fetch {env.lock.repo_url} tag "
+        f"v0.5.11), then check it out (git -C {co} checkout -b work v0.5.11)"
+    )
+
+
+def test_wrong_base_hint_names_the_tag_the_checkout_has(env: Env) -> None:
+    co = env.clone("co")
+    git(co, "checkout", "-q", "--orphan", "other")
+    git(co, "commit", "-qm", "unrelated")
+    with pytest.raises(SeriesError) as exc:
+        run_apply(env, co)
+    assert exc.value.hint.startswith(f"check out the pin (git -C {co} checkout -b work v0.5.11)")
 
 
 def test_allow_base_mismatch_applies_with_3way(env: Env) -> None:
@@ -260,3 +274,66 @@ def test_series_consistency_errors(env: Env) -> None:
     series.write_text("\n".join([*names, "0003-missing.patch"]) + "\n")
     with pytest.raises(SeriesError, match="0003-missing.patch is listed but does not exist"):
         load_series(env.patches)
+
+
+@pytest.mark.parametrize("which", [0, 1])
+def test_a_subject_changed_in_the_series_names_that_patch(env: Env, which: int) -> None:
+    co = env.clone("co")
+    assert run_apply(env, co).ok
+    head = git(co, "rev-parse", "HEAD")
+    patch = load_series(env.patches)[which]
+    text = patch.path.read_text()
+    patch.path.write_text(text.replace(f"] {patch.subject}\n", f"] {patch.subject}, reworded\n"))
+    with pytest.raises(SeriesError) as exc:
+        run_apply(env, co)
+    msg = str(exc.value)
+    assert msg.startswith(f"{patch.name} is applied as commit ") and "another subject" in msg
+    assert f"{patch.subject + ', reworded'!r} in {patch.name}" in msg
+    other = load_series(env.patches)[1 - which].name
+    assert other not in msg and "scripts/export.sh" in exc.value.hint
+    assert git(co, "rev-parse", "HEAD") == head
+
+
+@pytest.mark.parametrize(
+    "hook",
+    [
+        "exit 1\n",  # refuses every patch
+        'printf "\\nSigned-off-by: hook <h@example.com>\\n" >> "$1"\n',  # rewrites the message
+    ],
+)
+def test_the_checkouts_am_hooks_do_not_run_on_the_series(env: Env, hook: str) -> None:
+    co = env.clone("co")
+    for name in ("applypatch-msg", "pre-applypatch"):
+        path = co / ".git" / "hooks" / name
+        path.write_text("#!/bin/sh\n" + hook)
+        path.chmod(0o755)
+    report = run_apply(env, co)
+    assert report.ok, report.format()
+    out = env.root / "exported"
+    export.export_series(co, out, lock=env.lock, cache_dir=env.cache, progress=quiet())
+    for patch in load_series(env.patches):  # exactly the series: no message rewritten
+        assert (out / patch.name).read_bytes() == patch.path.read_bytes(), patch.name
+
+
+def test_a_corrupt_binary_patch_is_named_corrupt_not_a_rebase(
+    env: Env, capsys: pytest.CaptureFixture
+) -> None:
+    work = env.root / "authoring"
+    (work / "python" / "sglang" / "table.bin").write_bytes(bytes(range(256)) * 8)
+    git(work, "add", "-A")
+    git(work, "commit", "-qm", "[Quant] Add a table\n\nWhy:\nx\n\nWhat:\ny\n")
+    export.export_series(
+        work, env.patches, lock=env.lock, cache_dir=env.cache, progress=quiet(), force=True
+    )
+    (binary,) = env.patches.glob("0003-*.patch")
+    lines = binary.read_text().split("\n")
+    at = next(i for i, ln in enumerate(lines) if ln.startswith("literal ")) + 2
+    lines[at] = lines[at][:1] + "~" * (len(lines[at]) - 1)  # not base85: cut the data
+    binary.write_text("\n".join(lines))
+    co = env.clone("co")
+    argv = ["apply", str(co), "--patches", str(env.patches), "--lock", str(env.lock.path)]
+    assert cli.main([*argv, "--cache-dir", str(env.cache)]) == 1
+    err = capsys.readouterr().err
+    assert f"{binary.name} is corrupt: git cannot read it (git am said: " in err, err
+    assert "rebase the series" not in err and "git checkout -- " in err
+    assert git(co, "status", "--porcelain") == ""

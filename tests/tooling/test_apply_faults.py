@@ -30,7 +30,16 @@ import git as git_module
 import gitdb
 import pytest
 import smmap
-from _fakepin import Env, edit, git, isolate_git, make_env, settle, tree_fingerprint
+from _fakepin import (
+    Env,
+    default_signals,
+    edit,
+    git,
+    isolate_git,
+    make_env,
+    settle,
+    tree_fingerprint,
+)
 
 import fp4series
 from fp4series import checkout, cli
@@ -99,6 +108,7 @@ def run(
         text=True,
         env=proc_env(extra=fault),
         check=False,
+        preexec_fn=default_signals,  # the signals the tests send act as from a terminal
     )
 
 
@@ -117,6 +127,7 @@ class Paused:
             stderr=subprocess.PIPE,
             text=True,
             env=proc_env(self.dir, point, fault),
+            preexec_fn=default_signals,
         )
         reached = self.dir / f"{point}.reached"
         while not reached.exists():  # an event, not a timing guess: the process says it is there
@@ -284,6 +295,64 @@ def test_commit_at_each_point_is_kept(env: Env, tmp_path: Path, point: str) -> N
     assert_no_debris(co)
 
 
+def _user_result_ref(co: Path) -> str:
+    """A commit of the user's on refs/fp4series/applied/work, reachable from nothing else."""
+    (co / "mine.txt").write_text("mine\n")
+    git(co, "add", "mine.txt")
+    git(co, "commit", "-q", "-m", "my own result")
+    mine = git(co, "rev-parse", "HEAD").strip()
+    git(co, "reset", "-q", "--hard", "HEAD~1")
+    git(co, "update-ref", "refs/fp4series/applied/work", mine)
+    return mine
+
+
+def test_result_ref_the_user_made_is_refused_untouched(env: Env) -> None:
+    co = env.clone("co")
+    mine = _user_result_ref(co)
+    head = git(co, "rev-parse", "HEAD").strip()
+    proc = run(env, co)
+    assert proc.returncode == 1, proc.stdout + proc.stderr
+    assert "refs/fp4series/applied/work already exists and apply did not make it" in proc.stderr
+    assert mine[:12] in proc.stderr and "Traceback" not in proc.stderr
+    assert git(co, "rev-parse", "refs/fp4series/applied/work").strip() == mine
+    assert git(co, "rev-parse", "HEAD").strip() == head
+    hint = proc.stderr.split("free the ref (", 1)[1].split("), then", 1)[0]
+    subprocess.run(["bash", "-c", hint], check=True, capture_output=True)  # followed as written
+    again = run(env, co)
+    assert again.returncode == 0, again.stdout + again.stderr
+    assert series_on_top(co) and not result_refs(co)
+    assert git(co, "rev-parse", "refs/heads/keep-work").strip() == mine  # kept, named
+
+
+@pytest.mark.parametrize("point", ["scratch", "applied"])
+def test_result_ref_the_user_makes_while_apply_runs_is_never_overwritten(
+    env: Env, tmp_path: Path, point: str
+) -> None:
+    co = env.clone("co")
+    head = git(co, "rev-parse", "HEAD").strip()
+    paused = Paused(env, co, point, tmp_path)
+    mine = _user_result_ref(co)
+    rc, out = paused.release()
+    assert rc == 1, out
+    assert "already exists and apply did not make it" in out and "Traceback" not in out
+    assert git(co, "rev-parse", "refs/fp4series/applied/work").strip() == mine
+    assert git(co, "rev-parse", "HEAD").strip() == head
+    assert_no_debris(co)
+
+
+def test_a_result_apply_left_is_its_own_to_replace_and_drop(env: Env, tmp_path: Path) -> None:
+    co = env.clone("co")
+    paused = Paused(env, co, "applied", tmp_path)
+    (co / "notes.txt").write_text("mine\n")
+    git(co, "add", "notes.txt")
+    git(co, "commit", "-q", "-m", "my note")
+    rc, out = paused.release()
+    assert rc == 1 and "the series is on refs/fp4series/applied/work" in out, out
+    again = run(env, co)  # its own kept result: replaced, then dropped once applied
+    assert again.returncode == 0, again.stdout + again.stderr
+    assert series_on_top(co) and not result_refs(co)
+
+
 # ------------------------------------------------------------------------------ two at once, kills
 
 
@@ -372,6 +441,7 @@ def test_sigterm_in_the_scratch_worktree_removes_it(env: Env, tmp_path: Path) ->
 #            whole process group does
 #   orphan   SIGKILLs apply, waits for TEST_RELEASE, then runs the real read-tree
 # checkout-index fails while the file TEST_DISK_FULL exists (the rollback cannot be written).
+# TEST_FAULT=refresh-enospc: update-index --refresh fails as on a full disk; read-tree is real.
 FAULT_GIT = """
 import os, signal, subprocess, sys, time
 from pathlib import Path
@@ -382,7 +452,10 @@ full = os.environ.get("TEST_DISK_FULL", "")
 if args[0] == "checkout-index" and full and os.path.exists(full):
     sys.stderr.write(f"error: unable to write file {args[-1]}\\n")
     sys.exit(1)
-if args[0] != "read-tree" or not fault:
+if args[0] == "update-index" and fault == "refresh-enospc":
+    sys.stderr.write("error: unable to write new index file: No space left on device\\n")
+    sys.exit(128)
+if args[0] != "read-tree" or fault == "refresh-enospc" or not fault:
     os.execvp(git, [git, *args])
 if fault == "orphan":
     os.kill(os.getppid(), signal.SIGKILL)
@@ -509,6 +582,25 @@ def test_sigkill_during_read_tree_then_rerun_recovers(env: Env, fault_git: Path)
     assert before <= reachable(co)
     assert_no_debris(co)
     assert not result_refs(co)
+
+
+def test_index_refresh_failing_on_a_full_disk_is_named_not_a_stale_file(
+    env: Env, fault_git: Path, tmp_path: Path
+) -> None:
+    """The refresh cannot be written (no space): read-tree then sees a file whose stat data
+    changed as "not uptodate". The message names the refresh and the disk, not the file."""
+    co = env.clone("co")
+    before = tree_fingerprint(co)
+    paused = Paused(env, co, "index-locked", tmp_path, fault=faulty(fault_git, "refresh-enospc"))
+    os.utime(co / A_PY, (1_700_000_100, 1_700_000_100))  # same bytes, new stat data
+    rc, out = paused.release()
+    assert rc == 1, out
+    assert "git could not refresh its index (unable to write new index file: No space" in out
+    assert "not uptodate" in out and "nothing was changed" in out and "free space" in out
+    assert "Traceback" not in out
+    os.utime(co / A_PY, (1_700_000_000, 1_700_000_000))
+    assert tree_fingerprint(co) == before
+    assert_no_debris(co)
 
 
 def test_private_index_lock_left_by_a_killed_apply_is_removed(
@@ -676,6 +768,9 @@ def test_failure_hint_lists_every_patch_left_and_following_it_applies_them_all(
     assert " ".join(am) + " (every patch not applied yet, to the end of the series" in out
     assert "until git am has applied them all (2). Only then regenerate" in out
     assert "exporting earlier drops the patches not applied yet" in out
+    mine = git(co, "rev-parse", "HEAD").strip()  # the user's commit below the series
+    export_cmd = f"scripts/export.sh {co} --base {mine[:12]} (exporting earlier"
+    assert export_cmd in out  # not from the pin: that would make the user's commit 0001
     first = subprocess.run(am, capture_output=True, text=True, check=False)  # the hint, followed
     assert first.returncode != 0  # stopped at 0001, as the hint says
     git(co, "checkout", "--theirs", "--", A_PY)  # resolved (the series' side)
@@ -683,6 +778,10 @@ def test_failure_hint_lists_every_patch_left_and_following_it_applies_them_all(
     git(co, "am", "--continue")  # and the rest of the series follows
     assert series_on_top(co)
     assert git(co, "log", "-1", "--format=%s", "HEAD~2") == "conflicting change\n"
+    out_dir = co.parent / "exported"  # the export the hint names keeps the series' numbering
+    argv = ["export", str(co), "--patches", str(out_dir), "--lock", str(env.lock.path)]
+    assert cli.main([*argv, "--cache-dir", str(env.cache), "--base", mine[:12]]) == 0
+    assert sorted(p.name for p in out_dir.glob("*.patch")) == names
 
 
 @pytest.mark.parametrize(

@@ -464,3 +464,32 @@ def test_repack_key_changes_with_any_input(tmp_path: Path) -> None:
     )
     assert key != build.repack_key(wheel, {"sglang/a.py": b"A = 2\n"}, "nvfp4marlin.1.gabc")
     assert key != build.repack_key(wheel, changes, "nvfp4marlin.2.gdef")
+
+
+def _test_project_without_a_checkout(tmp_path: Path) -> Path:
+    """make_series_project's project with a lock and one passing tooling test, no .work/."""
+    root, _co = make_series_project(tmp_path)
+    fakepin.write_lock(root / "upstream.lock", "0" * 64)
+    for f in (root / "tests" / "sglang").iterdir():  # they need the checkout: not the subject
+        f.unlink()
+    (root / "tests" / "tooling").mkdir()
+    (root / "tests" / "tooling" / "test_ok.py").write_text("def test_ok():\n    pass\n")
+    return root
+
+
+def test_full_run_without_the_checkout_skips_the_prefixes_and_ends_with_its_tally(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture
+) -> None:
+    pytest.importorskip("git")
+    root = _test_project_without_a_checkout(tmp_path)
+    monkeypatch.setenv("FP4SERIES_SKIP_REPORTS", "1")
+    checkout = root / ".work" / "checkout"
+    rc = prefix.run_all(root, Path(sys.executable), checkout, [])
+    out = capsys.readouterr().out
+    assert rc == 0, out  # the README's own-checkout section: build.sh, then test.sh
+    assert f"[test] prefixes: skipped: {checkout} is not a git checkout" in out
+    assert out.rstrip().splitlines()[-1] == "1 passed, 0 failed, 0 skipped"
+    rc = prefix.run_all(root, Path(sys.executable), checkout, [], checkout_named=True)
+    out = capsys.readouterr().out
+    assert rc == 1 and f"[test] prefixes: FAILED: {checkout} is not a git checkout" in out
+    assert out.rstrip().splitlines()[-1] == "1 passed, 1 failed, 0 skipped"

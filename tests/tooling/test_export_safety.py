@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 from _fakepin import Env, git, isolate_git, make_env
 
-from fp4series import cli, export
+from fp4series import cli, export, paths
 from fp4series.errors import SeriesError
 from fp4series.progress import quiet
 
@@ -116,9 +116,73 @@ def test_an_interrupted_export_leaves_each_file_old_or_new(
             raise KeyboardInterrupt  # killed as it renames P2's new text into place
         real_replace(src, dst)
 
-    monkeypatch.setattr(export.os, "replace", replace_then_die)
+    monkeypatch.setattr(paths.os, "replace", replace_then_die)
     with pytest.raises(KeyboardInterrupt):
         run_export(env, work)
-    assert calls == [P1, P2]
+    assert calls == [P2]  # P1's bytes are the same: left as it is
     now = {p.name: p.read_bytes() for p in env.patches.iterdir()}
-    assert now == old  # P1 rewritten with the same bytes, P2 untouched, no temporary file
+    assert now == old  # P2 untouched, no temporary file
+
+
+def test_export_keeps_each_files_mode_and_new_files_get_the_umasks(
+    env: Env, tmp_path: Path
+) -> None:
+    work = env.root / "authoring"
+    git(work, "commit", "-q", "--amend", "-m", git(work, "log", "-1", "--format=%B") + "More.\n")
+    git(env.root, "add", "-A")
+    git(env.root, "commit", "-qm", "clone")  # only the series' own files are left to change
+    for name, mode in ((P1, 0o664), (P2, 0o644), ("series", 0o444 | 0o200)):
+        (env.patches / name).chmod(mode)
+    old_mask = os.umask(0o027)
+    try:
+        run_export(env, work)  # P2's text changes, P1's and the series' do not
+        fresh = tmp_path / "fresh"
+        export.export_series(work, fresh, lock=env.lock, cache_dir=env.cache, progress=quiet())
+    finally:
+        os.umask(old_mask)
+    modes = {p.name: p.stat().st_mode & 0o777 for p in env.patches.iterdir()}
+    assert modes == {P1: 0o664, P2: 0o644, "series": 0o644}
+    assert git(env.root, "status", "--porcelain", "patches") == f" M patches/{P2}\n"
+    assert {p.name: p.stat().st_mode & 0o777 for p in fresh.iterdir()} == {
+        P1: 0o640,
+        P2: 0o640,
+        "series": 0o640,
+    }
+
+
+def test_atomic_write_keeps_the_mode_and_a_refused_text_changes_nothing(tmp_path: Path) -> None:
+    f = tmp_path / "dir" / "upstream.lock"
+    f.parent.mkdir()
+    f.write_text("old\n")
+    f.chmod(0o664)
+
+    def refuse(tmp: Path) -> None:
+        assert tmp.stat().st_mode & 0o777 == 0o664
+        raise SeriesError("not a lock")
+
+    with pytest.raises(SeriesError, match="not a lock"):
+        paths.write_atomically(f, b"new\n", check=refuse)
+    assert f.read_text() == "old\n" and [p.name for p in f.parent.iterdir()] == ["upstream.lock"]
+    paths.write_atomically(f, b"new\n")
+    assert f.read_text() == "new\n" and f.stat().st_mode & 0o777 == 0o664
+
+
+def test_a_base_above_the_pin_that_would_delete_patches_is_refused_listing_them(
+    env: Env, capsys: pytest.CaptureFixture
+) -> None:
+    work = env.root / "authoring"
+    before = snapshot(env.patches)
+    argv = ["export", str(work), "--patches", str(env.patches), "--lock", str(env.lock.path)]
+    argv += ["--cache-dir", str(env.cache), "--base", "HEAD~1"]
+    assert cli.main(argv) == 1
+    err = capsys.readouterr().err
+    assert "--base HEAD~1 (" in err and "leaves 1 commit(s) on top of it" in err
+    assert f"delete {env.patches / P1}" in err and "nothing was written" in err
+    assert "--allow-delete" in err and "Traceback" not in err
+    assert snapshot(env.patches) == before
+    assert cli.main([*argv, "--allow-delete"]) == 0
+    assert sorted(snapshot(env.patches)) == ["0001-return-two-and-add-new-module.patch", "series"]
+    git(env.root, "checkout", "-q", "--", "patches")
+    git(env.root, "clean", "-fq", "--", "patches")
+    assert cli.main([*argv[:-2], "--base", "v0.5.11"]) == 0  # the pin: nothing to delete
+    assert snapshot(env.patches) == before

@@ -10,9 +10,9 @@ import sys
 from pathlib import Path
 
 import pytest
-from _fakepin import Env, isolate_git, make_env
+from _fakepin import Env, git, isolate_git, make_env
 
-from fp4series import paths
+from fp4series import cli, paths
 from fp4series.errors import SeriesError
 from fp4series.lint import lint_paths
 from fp4series.lock import load_lock
@@ -158,3 +158,47 @@ def test_tests_trailer_stays_inside_the_project(env: Env, value: str) -> None:
         path.read_text().replace("Tests: tests/test_fake.py::test_one", f"Tests: {value}")
     )
     assert f"Tests: {value} must be a path inside the project" in lint(env)
+
+
+def apply_refusal(env: Env, capsys: pytest.CaptureFixture) -> str:
+    """apply on a fresh clone of the pin: its refusal (stderr); the clone is left as it was."""
+    co = env.clone("co")
+    head = git(co, "rev-parse", "HEAD")
+    argv = ["apply", str(co), "--patches", str(env.patches), "--lock", str(env.lock.path)]
+    assert cli.main([*argv, "--cache-dir", str(env.cache)]) == 1
+    assert git(co, "rev-parse", "HEAD") == head and git(co, "status", "--porcelain") == ""
+    return capsys.readouterr().err
+
+
+def test_a_reordered_series_is_refused_by_lint_and_apply_alike(
+    env: Env, capsys: pytest.CaptureFixture
+) -> None:
+    (env.patches / "series").write_text(f"{P2}\n{P1}\n")
+    said = f"series:1: {P2}: number 0002 but position 1 in series"
+    assert said in lint(env)
+    with pytest.raises(SeriesError, match="number 0002 but position 1"):
+        load_series(env.patches)
+    assert said in apply_refusal(env, capsys)
+
+
+def test_a_series_entry_linking_outside_the_patches_dir_is_refused_alike(
+    env: Env, capsys: pytest.CaptureFixture
+) -> None:
+    outside = env.root / "elsewhere"
+    outside.mkdir()
+    (env.patches / P2).rename(outside / P2)
+    (env.patches / P2).symlink_to(outside / P2)
+    said = f"series:2: {P2} is a symbolic link to {outside / P2}, outside {env.patches}"
+    assert said in lint(env)
+    assert said in apply_refusal(env, capsys)
+
+
+@pytest.mark.parametrize("group", ["foo.lock", "a..b", "end.", "x@{y"])
+def test_a_group_git_cannot_name_a_branch_by_is_a_lint_problem(env: Env, group: str) -> None:
+    text = (env.patches / P1).read_text()
+    (env.patches / P1).write_text(
+        text.replace("Upstream-Status: Pending\n", f"Upstream-Status: Pending\nGroup: {group}\n")
+    )
+    assert f"Group: {group!r} is not a plain name (" in lint(env)
+    assert paths.ref_name_problem(group) or paths.name_problem(group)
+    assert paths.ref_name_problem("quant-marlin") is None

@@ -190,7 +190,14 @@ class Project:
 
     def kill_at(self, point: str, *args: str) -> None:
         """Run the command as a process, wait until it reaches POINT, SIGKILL it there."""
+        proc = self.paused_at(point, *args)
+        proc.send_signal(signal.SIGKILL)
+        proc.communicate(timeout=60)
+
+    def paused_at(self, point: str, *args: str) -> subprocess.Popen:
+        """The command as a process, waiting at POINT (release: touch <dir>/<point>.release)."""
         where = self.root.parent / f"pause-{point}"
+        shutil.rmtree(where, ignore_errors=True)
         where.mkdir()
         proc = subprocess.Popen(
             [sys.executable, "-m", "fp4series", "rebase", *args],
@@ -204,8 +211,7 @@ class Project:
             if proc.poll() is not None:
                 pytest.fail(f"exited {proc.returncode} before {point}:\n{proc.communicate()[0]}")
             time.sleep(0.01)
-        proc.send_signal(signal.SIGKILL)
-        proc.communicate(timeout=60)
+        return proc
 
     def git(self, *args: str) -> str:
         return fakepin.git(self.co, *args)
@@ -429,6 +435,132 @@ def test_sigkill_mid_rebase_and_mid_write_then_continue(project: Project, lined:
     for name in [*LINE, "series", "dropped"]:  # as if never killed
         assert (p.out / name).read_bytes() == (lined.out / name).read_bytes(), name
     assert (p.root / "upstream.lock").read_text() == (lined.root / "upstream.lock").read_text()
+
+
+def line_and_lock(p: Project) -> dict[str, tuple[bytes, int]]:
+    """The files the final write may change, with their modes."""
+    files = [p.root / "upstream.lock", *(sorted(p.out.iterdir()) if p.out.is_dir() else [])]
+    return {str(f.relative_to(p.root)): (f.read_bytes(), f.stat().st_mode & 0o777) for f in files}
+
+
+def test_abort_moves_a_resolution_begun_and_untracked_files_aside(project: Project) -> None:
+    p = project
+    before = outside_work(p.root)
+    assert p.rebase("--to", V)[0] == 1
+    (p.co / C_REL).write_text(RESOLVED)  # half done: edited, not yet added
+    (p.co / "notes.txt").write_text("mine\n")
+    rc, out = p.rebase("--abort")
+    assert rc == 0, out
+    assert "held changes or untracked files of yours: moved it to .work/rebase-aborted/" in out
+    (kept,) = (p.root / ".work" / "rebase-aborted").iterdir()
+    assert f"moved it to .work/rebase-aborted/{kept.name}/checkout" in out
+    assert (kept / "checkout" / C_REL).read_text() == RESOLVED
+    assert (kept / "checkout" / "notes.txt").read_text() == "mine\n"
+    assert (kept / "message").is_file()
+    assert not p.work.exists() and outside_work(p.root) == before
+    assert "the project's patches and lock were not touched" in out
+
+
+def test_abort_of_a_stop_as_the_rebase_left_it_keeps_nothing_aside(project: Project) -> None:
+    assert project.rebase("--to", V)[0] == 1
+    rc, out = project.rebase("--abort")
+    assert rc == 0 and "moved it to" not in out, out
+    assert not (project.root / ".work" / "rebase-aborted").exists()
+
+
+@pytest.mark.parametrize("point", ["write-exported", "write-done"])
+def test_abort_after_the_final_write_began_puts_line_and_lock_back(
+    project: Project, point: str
+) -> None:
+    p = project
+    (p.root / "upstream.lock").chmod(0o664)
+    before, files = line_and_lock(p), outside_work(p.root)
+    assert p.rebase("--to", V)[0] == 1
+    p.resolve()
+    p.kill_at(point, "--continue")
+    assert p.state()["phase"] == ("write" if point == "write-exported" else "done")
+    assert line_and_lock(p) != before  # the write had begun
+    rc, out = p.rebase("--abort")
+    assert rc == 0, out
+    assert f"put back as they were before it: patches/{V}/, upstream.lock" in out
+    assert "were not touched" not in out
+    assert line_and_lock(p) == before and not p.out.exists()
+    assert outside_work(p.root) == files and not p.work.exists()
+
+
+def test_a_kill_inside_abort_is_said_and_a_second_abort_finishes_it(project: Project) -> None:
+    p = project
+    (p.root / "upstream.lock").chmod(0o664)
+    before = line_and_lock(p)
+    assert p.rebase("--to", V)[0] == 1
+    p.resolve()
+    p.kill_at("write-exported", "--continue")
+    (p.co / "notes.txt").write_text("mine\n")
+    p.kill_at("abort-restored", "--abort")
+    rc, out = p.rebase("--status")
+    assert rc == 0 and "an --abort was interrupted" in out and "scripts/rebase.sh --abort" in out
+    rc, out = p.rebase("--continue")
+    assert rc == 1 and "is being aborted" in out and "finish the abort" in out
+    rc, out = p.rebase("--abort")
+    assert rc == 0 and not p.work.exists(), out
+    assert line_and_lock(p) == before
+    (kept,) = (p.root / ".work" / "rebase-aborted").iterdir()
+    assert (kept / "checkout" / "notes.txt").read_text() == "mine\n"
+
+
+def test_a_work_dir_no_rebase_made_is_never_removed(project: Project) -> None:
+    p = project
+    p.work.mkdir(parents=True)
+    (p.work / "mine.txt").write_text("mine\n")
+    rc, out = p.rebase("--to", V)
+    assert rc == 1 and f".work/rebase/{V} exists but no rebase made it" in out, out
+    assert (p.work / "mine.txt").read_text() == "mine\n"
+    assert p.rebase("--abort")[1].startswith("error: no rebase in progress")
+    assert (p.work / "mine.txt").read_text() == "mine\n"
+
+
+def test_kill_in_the_final_cleanup_is_a_finished_rebase(project: Project, lined: Project) -> None:
+    p = project
+    (p.root / "upstream.lock").chmod(0o664)
+    assert p.rebase("--to", V)[0] == 1
+    p.resolve()
+    p.kill_at("write-done", "--continue")
+    rc, out = p.rebase("--status")
+    assert rc == 0 and f"rebase to {V} finished: the line is written into patches/{V}" in out
+    assert "scripts/rebase.sh --continue" in out and "no rebase in progress" not in out
+    rc, out = p.rebase("--continue")
+    assert rc == 0 and f"rebased 7 patches from 0.5.11 onto {V}" in out, out
+    assert not p.work.exists()
+    for name in [*LINE, "series", "dropped"]:
+        assert (p.out / name).read_bytes() == (lined.out / name).read_bytes(), name
+    assert (p.root / "upstream.lock").stat().st_mode & 0o777 == 0o664  # its mode kept
+
+
+def test_kill_after_the_work_dir_was_renamed_away_leaves_no_half_rebase(project: Project) -> None:
+    p = project
+    assert p.rebase("--to", V)[0] == 1
+    p.resolve()
+    p.kill_at("work-renamed", "--continue")
+    assert not p.work.exists()
+    assert p.rebase("--status") == (0, "no rebase in progress\n")
+    rc, out = p.rebase("--abort")
+    assert rc == 1 and "no rebase in progress; nothing to abort" in out
+    assert read_series_names(p.out) == LINE
+    rc, out = p.rebase("--continue")  # any later command clears the renamed directory
+    assert rc == 1 and not [d for d in p.work.parent.iterdir() if d.name.startswith(".")]
+
+
+def test_status_while_another_rebase_runs_says_so(project: Project) -> None:
+    p = project
+    proc = p.paused_at("begun", "--to", V)
+    rc, out = p.rebase("--status")
+    assert rc == 0 and f"a rebase command is running now (pid {proc.pid})" in out, out
+    assert "has not recorded its first step yet" in out and "no rebase in progress" not in out
+    proc.send_signal(signal.SIGKILL)
+    proc.communicate(timeout=60)
+    rc, out = p.rebase("--status")
+    assert rc == 0 and "killed while it started" in out and "--abort" in out, out
+    assert p.rebase("--abort")[0] == 0 and not p.work.exists()
 
 
 def test_own_commit_without_the_trailer_gets_it(project: Project) -> None:

@@ -20,14 +20,13 @@ Public API:
 
 from __future__ import annotations
 
-import os
 import re
-import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from fp4series import patchid
 from fp4series.errors import SeriesError
+from fp4series.paths import write_atomically
 from fp4series.series import load_series
 
 TRAILER = "Rebased-From"
@@ -130,17 +129,9 @@ def _bad(path: Path, line: int, what: str) -> SeriesError:
 
 
 def write_dropped(path: Path, dropped: Dropped) -> None:
-    """Replace PATH atomically (a kill leaves the old or the new file, never half of one)."""
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
-    try:
-        with os.fdopen(fd, "w", encoding="utf-8") as fh:
-            fh.write(dropped.render())
-            fh.flush()
-            os.fsync(fh.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
+    """Replace PATH atomically (a kill leaves the old or the new file, never half of one),
+    keeping its mode."""
+    write_atomically(path, dropped.render().encode("utf-8"))
 
 
 @dataclass(frozen=True)

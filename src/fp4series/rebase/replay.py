@@ -61,7 +61,16 @@ from fp4series.series import SERIES_FILE, load_series, parse_trailers
 STATE = "state.json"
 MESSAGE = "message"
 OWNER = "owner"  # marks a directory as a rebase's own, even before its state exists
-PAUSE_POINTS = ("judged", "step-applied", "step-committed", "write-exported")
+PAUSE_POINTS = (
+    "begun",  # the work directory marked as the rebase's own, no state yet
+    "judged",
+    "step-applied",
+    "step-committed",
+    "write-exported",
+    "write-done",  # line and lock written, state "done", the work directory still there
+    "work-renamed",  # the work directory renamed away, not yet removed
+    "abort-restored",  # --abort: the user's work moved aside, line and lock put back
+)
 APPLIED = ("clean", "offset", "three-way")
 
 
@@ -94,7 +103,7 @@ class State:
     lock: str
     check: bool = False  # --check: replayed in scratch, compared, never written
     earlier: list[str] = field(default_factory=list)  # releases between source and target
-    phase: str = "replay"  # replay -> finish (export + lint in scratch) -> write
+    phase: str = "replay"  # replay -> finish (export + lint in scratch) -> write -> done
     patches: list[dict[str, Any]] = field(default_factory=list)  # one per source patch
     index: int = 0  # the next source patch to replay
     step: dict[str, Any] | None = None  # the step in progress: working | stopped
@@ -216,6 +225,7 @@ class Replay:
         """Snapshot the source, clone the release, judge the series: the first state."""
         work.mkdir(parents=True)
         (work / OWNER).write_text("fp4series rebase\n")
+        pause("begun")
         (work / "source").mkdir()
         source = Path(state.source)
         for name in [SERIES_FILE, *(p.name for p in load_series(source))]:
