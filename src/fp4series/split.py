@@ -67,6 +67,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
+from fp4series import split_guard as guard
 from fp4series.errors import SeriesError
 from fp4series.overlap import (
     PatchDoc,
@@ -354,12 +355,12 @@ def make_branch(
     three_way_fallback: bool = False,
     patch_files: Sequence[Path] | None = None,
 ) -> BranchOutcome:
-    """Branch ``unit.branch`` at BASE_REV with the unit's patches (or PATCH_FILES, the same
+    """Commits for ``unit.branch`` at BASE_REV with the unit's patches (or PATCH_FILES, the same
     patches prepared for the branch) via ``git am``: exactly; when that fails and
     THREE_WAY_FALLBACK, again with ``-3``. The commits are made in WORKTREE (detached, left
-    there for the tests) and the branch is moved to them only on success: a failure leaves it
-    as it was. WORKTREE is re-created; it must lie inside OWNER (the split's out dir), checked
-    first."""
+    there for the tests); no branch is moved here (split moves every branch at once, once all
+    are built: split_guard.Transaction). WORKTREE is re-created; it must lie inside OWNER (the
+    split's out dir), checked first."""
     worktree = inside(worktree, owner)
     if worktree.exists() or worktree.is_symlink():
         _git(repo, "worktree", "remove", "--force", str(worktree), check=False)
@@ -381,7 +382,6 @@ def make_branch(
         proc = _git(worktree, *cmd, *files, env=_committer_env(repo), check=False)
         if proc.returncode == 0:
             head = _git(worktree, "rev-parse", "HEAD").stdout.strip()
-            _git(repo, "branch", "-f", unit.branch, head)
             return BranchOutcome(True, head, "", how)
         _git(worktree, "am", "--abort", check=False)
         _git(worktree, "reset", "-q", "--hard", base_rev, check=False)
@@ -846,22 +846,120 @@ def split(
     rebase_report: Path | None = None,
     series_base: str | None = None,
     keep_trailers: bool = False,
+    force: Sequence[str] = (),
     log: Callable[[str], None] = print,
 ) -> list[SplitResult]:
     """Create one branch per unit, run its tests (when RUNNER), write its PR description, the
     record and, for a branch split before, its range-diff against that split.
+
+    All or nothing (split_guard): every branch and out-dir file is checked first (a user's is
+    refused unless FORCE names it), the branches are built detached and moved in one ref
+    transaction only when every unit applied, the files are renamed into place after that and
+    the record last; a failure at any step leaves the user's branches and files as they were.
 
     SERIES_BASE: the release the series is made on (default: the pin); on it the patches must
     apply exactly, on any other base a patch that does not falls back to ``git am -3``."""
     units_all = plan_units(docs)
     reasons = explain_dependencies(docs)
     units = plan_units(docs, only) if only else units_all
-    results: list[SplitResult] = []
     out_dir.mkdir(parents=True, exist_ok=True)
     own_version = (series_base or pin_version).lstrip("v")
     record = load_record(out_dir, log)
     previous = {str(e.get("unit")): e for e in record["branches"] if isinstance(e, dict)}
     entries: dict[str, dict[str, Any]] = dict(previous)
+    claims = guard.preflight(
+        repo,
+        out_dir,
+        [(u.branch, f"{REF_PREFIX}{u.name}/head") for u in units],
+        [n for u in units for n in (f"{u.name}.md", f"{u.name}.range-diff.txt")] + ["summary.json"],
+        [out_dir / "worktrees" / u.name for u in units],
+        record,
+        force,
+    )
+    guard.pause("planned")
+    txn = guard.Transaction(repo, out_dir, claims, log)
+    try:
+        results = _build_all(
+            repo, docs, units, units_all, reasons, txn,
+            base=base, pin_version=pin_version, pin_tag=pin_tag, pin_commit=pin_commit,
+            out_dir=out_dir, reports_dir=reports_dir, runner=runner,
+            fetch_release=fetch_release, rebase_report=rebase_report, series_base=series_base,
+            own_version=own_version, keep_trailers=keep_trailers, previous=previous,
+            entries=entries, log=log,
+        )  # fmt: skip
+        failed = [r for r in results if not r.ok]
+        if failed:
+            log(
+                f"no branch was created or moved and no file written: {len(failed)} of "
+                f"{len(results)} branch(es) did not apply ("
+                + ", ".join(r.unit.branch for r in failed)
+                + "); fix those patches (or pick a --base where they apply) and run again"
+            )
+            return results
+        if not only:
+            gone = [name for name in entries if name not in {u.name for u in units_all}]
+            for name in gone:
+                log(f"{BRANCH_PREFIX}{name}: in the last record, no longer in the series (dropped)")
+                del entries[name]
+        txn.write("summary.json", json.dumps(summary_rows(results), indent=2) + "\n")
+        txn.commit()
+        owned = {k: v for k, v in guard.recorded_outputs(record).items() if v}
+        owned.update(guard.pending_outputs(out_dir))
+        owned = {k: v for k, v in owned.items() if k not in txn.removals}
+        owned.update(txn.written)
+        order = {u.name: i for i, u in enumerate(units_all)}
+        write_record(
+            out_dir,
+            {
+                "schema": RECORD_SCHEMA,
+                "repo": str(repo),
+                "series": str(Path(docs[0].path).parent) if docs else "",
+                "series_base": own_version,
+                "updated": _now(),
+                "branches": sorted(
+                    entries.values(), key=lambda e: order.get(str(e.get("unit")), 1 << 30)
+                ),
+                "outputs": dict(sorted(owned.items())),
+            },
+        )
+        txn.done()
+        txn.keep_forced_files()
+        return results
+    except BaseException:
+        txn.rollback()
+        log("split stopped: no branch was created or moved and the out dir is as it was")
+        raise
+    finally:
+        txn.close()
+
+
+def _build_all(
+    repo: Path,
+    docs: Sequence[PatchDoc],
+    units: Sequence[Unit],
+    units_all: Sequence[Unit],
+    reasons: dict[str, dict[str, list[str]]],
+    txn: guard.Transaction,
+    *,
+    base: str,
+    pin_version: str,
+    pin_tag: str,
+    pin_commit: str | None,
+    out_dir: Path,
+    reports_dir: Path,
+    runner: TestRunner | None,
+    fetch_release: Callable[[str], Path] | None,
+    rebase_report: Path | None,
+    series_base: str | None,
+    own_version: str,
+    keep_trailers: bool,
+    previous: dict[str, dict[str, Any]],
+    entries: dict[str, dict[str, Any]],
+    log: Callable[[str], None],
+) -> list[SplitResult]:
+    """Build each unit's commits (detached), run its tests, stage its description, range-diff
+    and ref moves in TXN; nothing outside the worktrees is written here."""
+    results: list[SplitResult] = []
     for unit in units:
         want = base
         if base == "auto":
@@ -878,26 +976,25 @@ def split(
         )
         version, tag = _base_names(want, pin_version, pin_tag)
         head_ref, prev_ref = _unit_ref(repo, unit, "head"), _unit_ref(repo, unit, "previous")
-        files = [d.path for d in unit.patches]
-        if not keep_trailers:
-            mbox = out_dir / "mbox" / unit.name
-            remove_tree_inside(mbox, out_dir)
-            mbox.mkdir(parents=True)
-            files = []
-            for d in unit.patches:
-                clean = inside(mbox / d.name, out_dir)
-                clean.write_text(strip_trailers(d.text), encoding="utf-8")
-                files.append(clean)
-        wt = out_dir / "worktrees" / unit.name
-        outcome = make_branch(
-            repo,
-            unit,
-            rev,
-            wt,
-            owner=out_dir,
-            three_way_fallback=version != own_version,
-            patch_files=files,
-        )
+        with tempfile.TemporaryDirectory(prefix="split-mbox-") as mbox_dir:
+            files = [d.path for d in unit.patches]
+            if not keep_trailers:
+                files = []
+                for d in unit.patches:
+                    clean = Path(mbox_dir) / d.name
+                    clean.write_text(strip_trailers(d.text), encoding="utf-8")
+                    files.append(clean)
+            wt = out_dir / "worktrees" / unit.name
+            outcome = make_branch(
+                repo,
+                unit,
+                rev,
+                wt,
+                owner=out_dir,
+                three_way_fallback=version != own_version,
+                patch_files=files,
+            )
+        guard.pause("branch-built")
         dep_units: list[str] = []
         dep_reasons: dict[str, list[str]] = {}
         for d in unit.deps:
@@ -924,54 +1021,68 @@ def split(
         res.skipped_tests = skip
         if res.ok and runner is not None and run:
             res.tests = runner(wt, run)
-        body = inside(out_dir / f"{unit.name}.md", out_dir)
-        body.write_text(pr_description(res, reports_dir=reports_dir))
-        res.description = body
+        res.description = txn.write(f"{unit.name}.md", pr_description(res, reports_dir=reports_dir))
         results.append(res)
         names = ", ".join(p.name for p in unit.patches)
         if not res.ok:
             log(f"{unit.branch}: FAILED on {label}: {res.error}")
-            log(f"  PR description: {body}")
             continue
         how = " (with 3-way merges)" if res.applied == "three-way" else ""
         tests = f"; tests: {res.tests.summary()}" if res.tests else ""
         log(f"{unit.branch}: {len(unit.patches)} commit(s) on {label}{how} [{names}]{tests}")
-        log(f"  PR description: {body}")
+        log(f"  PR description: {res.description}")
         entry = record_entry(res, trailers_kept=keep_trailers, when=_now())
         prev = previous.get(unit.name)
         res.change, rd = compare_with_previous(repo, res, prev, entry)
         entry["change"] = res.change
-        target = inside(out_dir / f"{unit.name}.range-diff.txt", out_dir)
+        name = f"{unit.name}.range-diff.txt"
         if rd:
-            target.write_text(rd)
-            res.range_diff = target
-            entry["range_diff"] = target.name
-        elif target.exists() or target.is_symlink():
-            target.unlink()  # a stale one from an earlier split would mislead
+            res.range_diff = txn.write(name, rd)
+            entry["range_diff"] = name
+        else:
+            txn.remove(name)  # a stale one from an earlier split would mislead
         if prev is not None and prev.get("head") and _rev(repo, str(prev["head"])):
-            _git(repo, "update-ref", prev_ref, str(prev["head"]))
-        _git(repo, "update-ref", head_ref, res.head)
+            txn.set_ref(prev_ref, str(prev["head"]))
+        txn.set_branch(unit.branch, res.head, head_ref)
+        txn.set_ref(head_ref, res.head)
         log(f"  {res.change}" + (f" (range-diff: {res.range_diff})" if res.range_diff else ""))
         if rd and not res.change.startswith("unchanged"):
             for ln in rd.rstrip("\n").splitlines():
                 log(f"    {ln}")
         entries[unit.name] = entry
-    if not only:
-        gone = [name for name in entries if name not in {u.name for u in units_all}]
-        for name in gone:
-            log(f"{BRANCH_PREFIX}{name}: in the last record, no longer in the series (dropped)")
-            del entries[name]
-    order = {u.name: i for i, u in enumerate(units_all)}
-    record = {
-        "schema": RECORD_SCHEMA,
-        "repo": str(repo),
-        "series": str(Path(docs[0].path).parent) if docs else "",
-        "series_base": own_version,
-        "updated": _now(),
-        "branches": sorted(entries.values(), key=lambda e: order.get(str(e.get("unit")), 1 << 30)),
-    }
-    write_record(out_dir, record)
     return results
+
+
+def summary_rows(results: Sequence[SplitResult]) -> list[dict[str, Any]]:
+    """``summary.json``: one row per branch of this split."""
+    rows = []
+    for r in results:
+        rows.append(
+            {
+                "branch": r.unit.branch,
+                "patches": [p.name for p in r.unit.patches],
+                "base": r.base,
+                "base_commit": r.base_rev,
+                "ok": r.ok,
+                "head": r.head,
+                "applied": r.applied,
+                "error": r.error,
+                "change": r.change,
+                "range_diff": str(r.range_diff) if r.range_diff else None,
+                "tests": None
+                if r.tests is None
+                else {
+                    "passed": r.tests.passed,
+                    "failed": r.tests.failed,
+                    "errors": r.tests.errors,
+                    "skipped": r.tests.skipped,
+                    "ok": r.tests.ok,
+                },
+                "description": str(r.description),
+                "depends_on_branches": [BRANCH_PREFIX + d for d in r.dep_units],
+            }
+        )
+    return rows
 
 
 def _default_python(root: Path) -> str:
@@ -1050,35 +1161,13 @@ def cmd_split(args: argparse.Namespace) -> int:
         ),
         series_base=args.series_base,
         keep_trailers=args.keep_trailers,
+        force=args.force or (),
     )
-    summary = []
-    for r in results:
-        summary.append(
-            {
-                "branch": r.unit.branch,
-                "patches": [p.name for p in r.unit.patches],
-                "base": r.base,
-                "base_commit": r.base_rev,
-                "ok": r.ok,
-                "head": r.head,
-                "applied": r.applied,
-                "error": r.error,
-                "change": r.change,
-                "range_diff": str(r.range_diff) if r.range_diff else None,
-                "tests": None
-                if r.tests is None
-                else {
-                    "passed": r.tests.passed,
-                    "failed": r.tests.failed,
-                    "errors": r.tests.errors,
-                    "skipped": r.tests.skipped,
-                    "ok": r.tests.ok,
-                },
-                "description": str(r.description),
-                "depends_on_branches": [BRANCH_PREFIX + d for d in r.dep_units],
-            }
-        )
-    (out_dir / "summary.json").write_text(json.dumps(summary, indent=2) + "\n")
+    if any(not r.ok for r in results):
+        for r in results:
+            if not r.ok:
+                print(f"failed: {r.unit.branch}: {r.error}", file=sys.stderr)
+        return 1
     print(f"\nRecord: {out_dir / RECORD_FILE}")
     print("\nNothing was pushed. To open the PRs (in dependency order):")
     newest = lock.lines[-1].version if lock.lines else None
@@ -1148,6 +1237,13 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         "--out-dir",
         help="where descriptions, worktrees, split-record.json and range-diffs go "
         "(default: .work/split)",
+    )
+    p.add_argument(
+        "--force",
+        action="append",
+        metavar="NAME",
+        help="(repeatable) replace this branch (nvfp4-marlin/<unit>) or out-dir file "
+        "(<unit>.md, ...) although it is not split's; the old one is kept aside and named",
     )
     p.add_argument("--remote", default="origin", help="remote named in the printed push command")
     p.set_defaults(func=cmd_split)

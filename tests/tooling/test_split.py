@@ -102,6 +102,7 @@ def run_split(
     world: dict[str, Path], base_override: str = "pin", rel: Path | None = None, **kw: object
 ) -> list[sp.SplitResult]:
     docs = load_patch_docs(world["patches"])
+    kw.setdefault("log", lambda s: None)
     return sp.split(
         world["target"],
         docs,
@@ -112,7 +113,6 @@ def run_split(
         pin_commit=None,
         out_dir=world["root"] / "split",
         reports_dir=world["root"] / "reports",
-        log=lambda s: None,
         **kw,  # type: ignore[arg-type]
     )
 
