@@ -19,13 +19,20 @@ upstream's history, and a maintainer expects a clean commit, so they are removed
 patches given to ``git am`` (other trailers, e.g. ``Signed-off-by:``, stay). ``--keep-trailers``
 keeps them (branches for review inside this project). The series files are never changed.
 
-With ``--run-tests`` the branch's declared non-GPU ``Tests:`` run against its tree
-(``PYTHONPATH=<worktree>/python``) with ``--python`` (default: .work/venv). A PR description in
-SGLang's template layout (Motivation from ``Why:``, Modifications from ``What:`` and the
-diffstat, Accuracy Tests from ``How verified:``, the branch's test run and the GPU numerics
-report in ``--reports-dir``, Benchmarking and Profiling from its bench report, Checklist) is
-written to ``<out-dir>/<unit>.md``. Nothing is pushed: the ``git push`` / ``gh pr create``
-commands are printed for a person to run.
+Each member's CPU ``Tests:`` files go into the branch's last commit at their place in upstream's
+test tree (``Upstream-Tests: SRC=DEST``, default ``test/registered/quant/nvfp4_marlin/<name>``),
+with the conftest.py and ``_*.py`` helpers beside them and tests/data/, and SGLang's CI
+registration (``register_cpu_ci``, suite base-a-test-cpu) plus a ``__main__`` entry when the file
+has neither. With ``--run-tests`` they run there, in the branch's tree (``PYTHONPATH=<worktree>/
+python``), with ``--python`` (default: .work/venv). The PR description, ``<out-dir>/<unit>.md``,
+follows SGLang's template (Motivation from ``Why:`` and the related upstream/vLLM work,
+Modifications from ``What:`` and the diffstat, Accuracy Tests from the placed tests, this run
+of them and the GPU numerics report in ``--reports-dir`` with its command, Speed Tests and
+Profiling from its bench report, a Checklist that ticks only what the branch shows). A
+description that names this project, its machines or its paths fails the split
+(``description_problems``); wording about the series or runs not made is logged for the
+patch's author. Nothing is pushed: the ``git push`` / ``gh pr create`` commands are printed
+for a person to run.
 
 Record: ``<out-dir>/split-record.json`` lists per branch: branch, base (label, version, tag,
 commit), the patch files (name, sha256, stable patch-id; member or dependency), head commit,
@@ -85,7 +92,16 @@ BRANCH_PREFIX = "nvfp4-marlin/"
 UPSTREAM_REPO = "sgl-project/sglang"
 DOCS = "https://docs.sglang.io/developer_guide/contribution_guide.html"
 APPLIES = ("clean", "offset", "three-way")
-INTERNAL_TRAILERS = ("Upstream-Status", "Tests", "Provides", "Depends-On", "Group", "Rebased-From")
+INTERNAL_TRAILERS = (
+    "Upstream-Status",
+    "Tests",
+    "Upstream-Tests",
+    "Related",
+    "Provides",
+    "Depends-On",
+    "Group",
+    "Rebased-From",
+)
 RECORD_FILE = "split-record.json"
 RECORD_SCHEMA = 1
 REF_PREFIX = "refs/fp4series/split/"
@@ -156,6 +172,9 @@ class SplitResult:
     base_tag: str = ""
     change: str = ""  # one line: unchanged / changed (...) / new, against the previous split
     range_diff: Path | None = None
+    placed_tests: list[str] = field(default_factory=list)  # test files placed in upstream's tree
+    test_ids: list[str] = field(default_factory=list)  # the tests as run on the branch
+    warnings: list[str] = field(default_factory=list)  # description wording to reword
 
 
 def unit_name(doc: PatchDoc) -> str:
@@ -394,6 +413,139 @@ def make_branch(
 # tests
 
 
+# Where a patch's CPU tests go in upstream's tree. A patch names them with ``Upstream-Tests:
+# SRC=DEST`` entries (SRC: a file of its Tests:, DEST: its path in upstream's tree); without one,
+# each Tests: file under tests/ goes to UPSTREAM_TEST_DIR under its own name. Its directory's
+# conftest.py and the _*.py helpers it imports go with it, and tests/data/ (the checkpoint configs
+# the tests parse) to the same place relative to them.
+UPSTREAM_TEST_DIR = "test/registered/quant/nvfp4_marlin"
+UPSTREAM_CI_SUITE = "base-a-test-cpu"  # SGLang's CPU suite (register_cpu_ci, v0.5.23)
+_CI_FOOTER = """
+
+# SGLang's CI collects this file by its registration and runs it as a script.
+from sglang.test.ci.ci_register import register_cpu_ci  # noqa: E402
+
+register_cpu_ci(est_time={est}, suite="{suite}")
+
+if __name__ == "__main__":
+    raise SystemExit(pytest.main([__file__, "-q"]))
+"""
+
+
+@dataclass
+class TestPlacement:
+    """A project test file and where it goes in upstream's tree."""
+
+    source: str  # project-relative
+    dest: str  # upstream-tree-relative
+
+
+def test_placements(unit: Unit) -> list[TestPlacement]:
+    """Where the unit's members' CPU Tests: files go in upstream's tree."""
+    out: list[TestPlacement] = []
+    seen: set[str] = set()
+    for m in unit.members:
+        declared: dict[str, str] = {}
+        for entry in re.split(r"[,\s]+", m.trailers.get("Upstream-Tests", "")):
+            if "=" in entry:
+                src, dest = entry.split("=", 1)
+                declared[src] = dest
+        for t in m.tests:
+            if re.match(r"^(gpu|bench):", t):
+                continue
+            src = t.split("::", 1)[0]
+            if src in seen or not src.startswith("tests/"):
+                continue
+            seen.add(src)
+            dest = declared.get(src, f"{UPSTREAM_TEST_DIR}/{Path(src).name}")
+            out.append(TestPlacement(src, dest))
+    return out
+
+
+def _support_files(project: Path, src: Path) -> list[Path]:
+    """conftest.py beside SRC and the sibling _*.py modules SRC or they import."""
+    here = src.parent
+    found: list[Path] = []
+    todo = [src] + ([here / "conftest.py"] if (here / "conftest.py").is_file() else [])
+    while todo:
+        f = todo.pop()
+        if f != src and f not in found:
+            found.append(f)
+        text = f.read_text(encoding="utf-8")
+        for name in re.findall(r"^\s*(?:from|import)\s+(_\w+)", text, re.M) + re.findall(
+            r"import_module\(\"(_\w+)\"\)", text
+        ):
+            cand = here / f"{name}.py"
+            if cand.is_file() and cand not in found and cand != src:
+                todo.append(cand)
+    return found
+
+
+def place_tests(
+    unit: Unit, worktree: Path, project: Path, repo: Path
+) -> tuple[list[str], dict[str, str], list[str]]:
+    """Copy the unit's tests (and their support) into WORKTREE at their upstream paths, make
+    each runnable by SGLang's CI (register_cpu_ci and a __main__ entry, when it has neither),
+    and fold them into the branch's last commit (its author date kept as committer date).
+    Returns (placed test files, {project path: upstream path} for every file copied,
+    notes on what could not be placed)."""
+    placed: list[str] = []
+    mapping: dict[str, str] = {}
+    notes: list[str] = []
+    for pl in test_placements(unit):
+        src = project / pl.source
+        if not src.is_file():
+            notes.append(f"{pl.source}: not in this project, not placed")
+            continue
+        dest = worktree / pl.dest
+        if dest.exists():
+            notes.append(f"{pl.dest} exists in the base, not overwritten")
+            continue
+        dest.parent.mkdir(parents=True, exist_ok=True)
+        text = src.read_text(encoding="utf-8")
+        if not re.search(r"^register_\w+_ci\(", text, re.M) and "__main__" not in text:
+            if not re.search(r"^import pytest$", text, re.M):
+                text = "import pytest\n" + text
+            text = text.rstrip("\n") + "\n" + _CI_FOOTER.format(est=60, suite=UPSTREAM_CI_SUITE)
+        dest.write_text(text, encoding="utf-8")
+        mapping[pl.source] = pl.dest
+        placed.append(pl.dest)
+        for sup in _support_files(project, src):
+            rel = sup.relative_to(project).as_posix()
+            target = dest.parent / sup.name
+            if not target.exists():
+                target.write_bytes(sup.read_bytes())
+            mapping.setdefault(rel, (Path(pl.dest).parent / sup.name).as_posix())
+        data = src.parent.parent / "data"
+        data_dest = dest.parent.parent / "data"
+        if data.is_dir() and not data_dest.exists():
+            for f in sorted(data.rglob("*")):
+                if f.is_file():
+                    t = data_dest / f.relative_to(data)
+                    t.parent.mkdir(parents=True, exist_ok=True)
+                    t.write_bytes(f.read_bytes())
+            mapping.setdefault(
+                data.relative_to(project).as_posix() + "/",
+                (Path(pl.dest).parent.parent / "data").as_posix() + "/",
+            )
+    if placed:
+        _git(worktree, "add", "-A", "test")
+        date = _git(worktree, "log", "-1", "--format=%aI").stdout.strip()
+        env = {**_committer_env(repo), "GIT_COMMITTER_DATE": date}
+        _git(worktree, "commit", "-q", "--amend", "--no-edit", "--no-verify", env=env)
+    return placed, mapping, notes
+
+
+def upstream_test_ids(tests: Sequence[str], mapping: dict[str, str]) -> list[str]:
+    """Test ids of the project mapped to their placed upstream paths (unplaced ones dropped)."""
+    out = []
+    for t in tests:
+        file, sep, rest = t.partition("::")
+        if file in mapping:
+            out.append(mapping[file] + sep + rest)
+    return out
+
+
 def runnable_tests(unit: Unit) -> tuple[list[str], list[str]]:
     """(CPU tests to run, GPU/bench entries that are not run here) of the unit's own patches."""
     run: list[str] = []
@@ -419,7 +571,9 @@ def pytest_runner(python: str, project: Path) -> TestRunner:
             env["PYTHONPATH"] = os.pathsep.join(
                 p for p in (str(worktree / "python"), env.get("PYTHONPATH", "")) if p
             )
-            proc = subprocess.run(cmd, cwd=project, capture_output=True, text=True, env=env)
+            in_tree = all((worktree / t.split("::", 1)[0]).exists() for t in tests)
+            cwd = worktree if in_tree else project
+            proc = subprocess.run(cmd, cwd=cwd, capture_output=True, text=True, env=env)
             tr = TestRun(
                 [f"PYTHONPATH={worktree / 'python'}", python, "-m", "pytest", "-q", *tests],
                 returncode=proc.returncode,
@@ -488,19 +642,27 @@ def numerics_paths(doc_files: Sequence[str]) -> set[str]:
     return {f"{m}-{k}" for m in methods for k in kinds}
 
 
-def _short(report: Path) -> str:
-    return "/".join(report.parts[-3:])
+def _provenance(report: Path) -> str:
+    """'<device>, <date>, made by `<command>`' from a GPU report's header (what it has)."""
+    try:
+        head = json.loads(report.read_text())
+    except (OSError, ValueError):
+        head = {}
+    head = head if isinstance(head, dict) else {}
+    bits = [str(head.get("device") or "GPU"), str(head.get("date") or "")[:10]]
+    text = ", ".join(b for b in bits if b)
+    return text + (f", made by `{head['command']}`" if head.get("command") else "")
 
 
 def _report_list(report: Path, key: str, what: str) -> list[Any] | str:
     """``report``'s top-level list ``key``, or the line to print instead of numbers."""
     if not report.is_file():
-        return f"No GPU {what} report ({report.name}) in this checkout yet."
+        return f"No GPU {what} numbers for this change on this base yet."
     try:
         items: list[Any] = json.loads(report.read_text()).get(key, [])
         return items
     except (json.JSONDecodeError, AttributeError) as exc:
-        return f"{report} could not be read ({exc}); no numbers quoted."
+        return f"The GPU {what} report could not be read ({exc}); no numbers quoted."
 
 
 def numerics_evidence(unit: Unit, report: Path) -> list[str]:
@@ -512,10 +674,12 @@ def numerics_evidence(unit: Unit, report: Path) -> list[str]:
     wanted = numerics_paths(files)
     picked = [c for c in cases if isinstance(c, dict) and c.get("path") in wanted]
     if not picked:
-        return [f"{report.name} has no case for paths {', '.join(sorted(wanted))}."]
+        return [f"The GPU accuracy run has no case for these layers ({', '.join(sorted(wanted))})."]
     out = [
-        f"H200 numerics ({_short(report)}), paths {', '.join(sorted(wanted))} "
-        "(relative L2 error against an fp32 reference from the same FP4 data):",
+        f"GPU accuracy, {_provenance(report)}: relative L2 error of the layer output "
+        "against an fp32 reference computed from the same FP4 weights and scales, layers "
+        f"{', '.join(sorted(wanted))} (templates: `patched` is this change, `upstream` the "
+        "base without it):",
         "",
         "| path | templates | cases | max rel_l2 | worst case |",
         "|---|---|---|---|---|",
@@ -559,7 +723,8 @@ def bench_evidence(unit: Unit, report: Path) -> list[str]:
     keep_m = {m for m in ms if m in (1, 16, 128, 1024)} or set(ms[:4])
     shown = [r for r in rows if r.get("m") in keep_m][:16]
     out = [
-        f"H200 ({_short(report)}), {len(rows)} rows; ratios > 1 mean FP4 Marlin is faster "
+        f"Kernel times, {_provenance(report)}, {len(rows)} rows; ratios > 1 mean FP4 "
+        "Marlin is faster "
         "(roofline: fraction of the HBM bound reached):",
         "",
         "| shape | M | fp4 us | bf16/fp4 | int4/fp4 | roofline/fp4 | upstream/fp4 |",
@@ -583,16 +748,75 @@ def _diffstat(doc: PatchDoc) -> list[str]:
     return out
 
 
-DOWNSTREAM_TESTS = (
-    "These tests belong to the downstream series (fp4series) and ran against this branch's "
-    "`python/` tree; they are not part of this PR."
-)
 UPSTREAM_TEST_DIRS = ("test/", "python/sglang/test/")
 
+# Upstream work a change follows or mirrors, cited in its Motivation. A patch names its own with
+# a ``Related:`` trailer (``Related: sgl-project/sglang#35020, vllm-project/vllm#29901``); these
+# are the ones known for patches whose headers do not say yet, by the patch's file stem.
+RELATED_WORK = {
+    "sgl-project/sglang#35020": "the same bias-ordering bug fixed for dense FP8 Marlin "
+    '("Correct dense FP8 Marlin bias ordering"); this is its NVFP4 counterpart',
+    "vllm-project/vllm#29901": "vLLM's Marlin path for Turing (SM75), whose approach this follows",
+}
+RELATED_BY_STEM = {
+    "0001-nvfp4-marlin-add-the-linear-bias-in-its-original-order": ["sgl-project/sglang#35020"],
+    "0004-marlin-fp4-w4a16-path-for-turing-sm75-fp16": ["vllm-project/vllm#29901"],
+    "0009-marlin-fp4-turing-sm75": ["vllm-project/vllm#29901"],
+}
 
-def upstream_tests(unit: Unit) -> list[str]:
-    """Files of the unit's own patches under upstream's test directories."""
-    return [f for m in unit.members for f in m.files if f.startswith(UPSTREAM_TEST_DIRS)]
+
+def related_work(unit: Unit) -> list[str]:
+    """The upstream/vLLM PRs the unit's patches cite (``Related:``, else RELATED_BY_STEM)."""
+    out: list[str] = []
+    for m in unit.members:
+        raw = m.trailers.get("Related", "")
+        refs = [x for x in re.split(r"[,\s]+", raw) if x] or RELATED_BY_STEM.get(m.stem, [])
+        out += [r for r in refs if r not in out]
+    return out
+
+
+def _link(ref: str) -> str:
+    m = re.match(r"^([\w.-]+/[\w.-]+)#(\d+)$", ref)
+    return f"[{ref}](https://github.com/{m.group(1)}/pull/{m.group(2)})" if m else ref
+
+
+def upstream_tests(unit: Unit, placed: Sequence[str] = ()) -> list[str]:
+    """Test files the branch carries in upstream's test tree: the unit's own patches' files
+    there, and PLACED (the project tests split placed in that tree)."""
+    own = [f for m in unit.members for f in m.files if f.startswith(UPSTREAM_TEST_DIRS)]
+    return own + [f for f in placed if f not in own]
+
+
+# What a description for upstream must not contain: this project's name, how it is built and
+# run, and its own paths (hard: split fails), and wording that speaks of this project's series
+# or contradicts the results quoted (soft: listed for the patch's author to reword).
+_HARD = (
+    (r"fp4series", "names this project"),
+    (r"\b(2|two)-core\b|\bshared\b[^.\n]*\bmachine\b|\bCPU machine\b", "names build machines"),
+    (r"device (time|calls?)|\$OUT\b|\bgpu-proof\b|\bmake-bundle\b", "names GPU logistics"),
+    (
+        r"(^|[\s`(])\.work/|(^|[\s`(])tests/(sglang[\w.-]*|gpu|tooling|serve)/",
+        "names a path of this project",
+    ),
+    (r"\bdownstream\b", "calls itself downstream"),
+)
+_SOFT = (
+    (r"\b(the|this|our) series\b", "speaks of a patch series"),
+    (r"\b(previous|next) patch\b|\bpatch \d+\b|\bthe [A-Z]\w* patch\b", "names another patch"),
+    (r"\bnot (yet )?(re-?)?(run|measured)\b", "says something was not run"),
+)
+
+
+def description_problems(text: str) -> tuple[list[str], list[str]]:
+    """(hard, soft) problems of a PR description, each 'line N: why: the text'."""
+    hard: list[str] = []
+    soft: list[str] = []
+    for no, line in enumerate(text.splitlines(), 1):
+        for rules, into in ((_HARD, hard), (_SOFT, soft)):
+            for pattern, why in rules:
+                if re.search(pattern, line, re.I):
+                    into.append(f"line {no}: {why}: {line.strip()[:120]}")
+    return hard, soft
 
 
 def pr_title(unit: Unit) -> str:
@@ -603,19 +827,28 @@ def pr_title(unit: Unit) -> str:
     )
 
 
+def _test_command(result: SplitResult, tests: Sequence[str]) -> str:
+    return "python3 -m pytest -q " + " ".join(result.test_ids or tests)
+
+
 def pr_description(result: SplitResult, *, reports_dir: Path) -> str:
-    """SGLang PR template layout, filled from the patch header and this run's evidence."""
+    """A PR description in SGLang's template (Motivation, Modifications, Accuracy Tests, Speed
+    Tests and Profiling, Checklist), addressed to upstream: from the patch's Why:/What:, the
+    tests the branch carries in upstream's test tree and this split's run of them, and the GPU
+    reports in REPORTS_DIR with the command that made them."""
     unit = result.unit
     lines: list[str] = [f"<!-- {pr_title(unit)} -->", "", "## Motivation", ""]
     for m in unit.members:
         if len(unit.members) > 1:
             lines += [f"**{m.subject}**", ""]
         lines += [_section(m.message, "Why") or m.subject, ""]
+    related = related_work(unit)
+    if related:
+        lines += ["Related work:", ""]
+        lines += [f"- {_link(r)}" + (f": {RELATED_WORK[r]}" if r in RELATED_WORK else "")
+                  for r in related] + [""]  # fmt: skip
     if result.dep_units:
-        lines += [
-            "Depends on (merge first; this branch carries their commits until they land):",
-            "",
-        ]
+        lines += ["Builds on (merge first; this branch carries their commits until they land):", ""]
         for d in result.dep_units:
             why = "; ".join(result.dep_reasons.get(d, []))
             lines.append(f"- `{BRANCH_PREFIX}{d}`" + (f": {why}" if why else ""))
@@ -624,58 +857,47 @@ def pr_description(result: SplitResult, *, reports_dir: Path) -> str:
     for m in unit.members:
         if len(unit.members) > 1:
             lines += [f"**{m.subject}**", ""]
-        lines += [_section(m.message, "What") or "(no What: section in the patch)", ""]
+        lines += [_section(m.message, "What") or m.subject, ""]
         lines += ["Files:", *_diffstat(m), ""]
+    if result.placed_tests:
+        lines += ["Tests added:", *[f"- `{t}` (new)" for t in result.placed_tests], ""]
     lines += ["## Accuracy Tests", ""]
-    for m in unit.members:
-        hv = _section(m.message, "How verified")
-        if hv:
-            lines += ["How it was verified (from the commit message):", "", hv, ""]
-    in_branch = upstream_tests(unit)
-    if result.tests is not None:
-        t = result.tests
-        verdict = "passed" if t.ok else "FAILED"
+    tests = upstream_tests(unit, result.placed_tests)
+    if tests:
         lines += [
-            f"Unit tests on branch `{unit.branch}` ({result.head[:12]} on {result.base}): "
-            f"{verdict}: {t.summary()}.",
+            "Unit tests (CPU only: the device capability and the CUDA ops are mocked, the "
+            "rest is SGLang's own code):",
             "",
             "```",
-            " ".join(t.command),
+            _test_command(result, tests),
             "```",
             "",
         ]
-        if not in_branch:
-            lines += [DOWNSTREAM_TESTS, ""]
-    else:
-        run, _ = runnable_tests(unit)
-        if run:
-            lines += ["Declared unit tests (not run by this split; use --run-tests):", ""]
-            lines += [f"- `{x}`" for x in run] + [""]
-            if not in_branch:
-                lines += [DOWNSTREAM_TESTS, ""]
-        else:
-            lines += ["This patch declares no CPU unit tests.", ""]
-    if result.skipped_tests:
-        lines += ["GPU evidence declared by the patch (run on the H200, numbers below):", ""]
-        lines += [f"- `{x}`" for x in result.skipped_tests] + [""]
-    lines += numerics_evidence(unit, reports_dir / "numerics.json") + [""]
-    lines += ["## Benchmarking and Profiling", ""]
+    if result.tests is not None:
+        t = result.tests
+        verdict = "pass" if t.ok else "FAIL"
+        lines += [f"On this branch ({result.head[:12]}, on {result.base}): {verdict}, "
+                  f"{t.summary()}.", ""]  # fmt: skip
+    numbers = numerics_evidence(unit, reports_dir / "numerics.json")
+    lines += numbers + [""]
+    lines += ["## Speed Tests and Profiling", ""]
     lines += bench_evidence(unit, reports_dir / "bench.json") + [""]
-    has_tests = bool(upstream_tests(unit))
-    has_numbers = (reports_dir / "numerics.json").is_file()
+    has_numbers = any(ln.startswith("| ") for ln in numbers)
+    tests_pass = bool(tests) and (result.tests is None or result.tests.ok)
     box = lambda ok: "x" if ok else " "  # noqa: E731
     lines += [
         "## Checklist",
         "",
-        f"- [x] Code formatted with pre-commit ([format with pre-commit]"
-        f"({DOCS}#format-code-with-pre-commit)).",
-        f"- [{box(has_tests)}] Unit tests added ([run and add unit tests]"
-        f"({DOCS}#run-and-add-unit-tests))."
-        + ("" if has_tests else " The tests that prove it are in the downstream series so far."),
-        f"- [ ] Documentation updated ([write documentations]({DOCS}#write-documentations)).",
-        f"- [{box(has_numbers)}] Accuracy and speed results provided ([test the accuracy]"
-        f"({DOCS}#test-the-accuracy), [benchmark the speed]({DOCS}#benchmark-the-speed)).",
-        f"- [x] Code style guidance followed ([code style]({DOCS}#code-style-guidance)).",
+        f"- [ ] Format your code according to the [Format code with pre-commit]"
+        f"({DOCS}#format-code-with-pre-commit).",
+        f"- [{box(tests_pass)}] Add unit tests according to the [Run and add unit tests]"
+        f"({DOCS}#run-and-add-unit-tests).",
+        f"- [ ] Update documentation according to [Write documentations]"
+        f"({DOCS}#write-documentations).",
+        f"- [{box(has_numbers)}] Provide accuracy and speed benchmark results according to "
+        f"[Test the accuracy]({DOCS}#test-the-accuracy) and [Benchmark the speed]"
+        f"({DOCS}#benchmark-the-speed).",
+        f"- [ ] Follow the SGLang code style [guidance]({DOCS}#code-style-guidance).",
         "",
     ]
     return "\n".join(lines)
@@ -847,6 +1069,8 @@ def split(
     series_base: str | None = None,
     keep_trailers: bool = False,
     force: Sequence[str] = (),
+    place_upstream_tests: bool = True,
+    project: Path | None = None,
     log: Callable[[str], None] = print,
 ) -> list[SplitResult]:
     """Create one branch per unit, run its tests (when RUNNER), write its PR description, the
@@ -885,7 +1109,8 @@ def split(
             out_dir=out_dir, reports_dir=reports_dir, runner=runner,
             fetch_release=fetch_release, rebase_report=rebase_report, series_base=series_base,
             own_version=own_version, keep_trailers=keep_trailers, previous=previous,
-            entries=entries, log=log,
+            entries=entries, log=log, place_upstream_tests=place_upstream_tests,
+            project=project,
         )  # fmt: skip
         failed = [r for r in results if not r.ok]
         if failed:
@@ -956,6 +1181,8 @@ def _build_all(
     previous: dict[str, dict[str, Any]],
     entries: dict[str, dict[str, Any]],
     log: Callable[[str], None],
+    place_upstream_tests: bool = True,
+    project: Path | None = None,
 ) -> list[SplitResult]:
     """Build each unit's commits (detached), run its tests, stage its description, range-diff
     and ref moves in TXN; nothing outside the worktrees is written here."""
@@ -1019,9 +1246,29 @@ def _build_all(
         )
         run, skip = runnable_tests(unit)
         res.skipped_tests = skip
+        if res.ok and place_upstream_tests:
+            placed, mapping, notes = place_tests(unit, wt, project or Path.cwd(), repo)
+            res.placed_tests = placed
+            res.head = _git(wt, "rev-parse", "HEAD").stdout.strip()
+            for n in notes:
+                log(f"{unit.branch}: test placement: {n}")
+            run = upstream_test_ids(run, mapping) or run
+            res.test_ids = [t for t in run if t.split("::", 1)[0] in placed]
         if res.ok and runner is not None and run:
             res.tests = runner(wt, run)
-        res.description = txn.write(f"{unit.name}.md", pr_description(res, reports_dir=reports_dir))
+        text = pr_description(res, reports_dir=reports_dir)
+        hard, soft = description_problems(text)
+        res.warnings = soft
+        for w in soft:
+            log(f"{unit.branch}: PR description, reword in the patch header: {w}")
+        if hard and res.ok:
+            res.ok = False
+            res.error = (
+                "its PR description speaks of this project, not to upstream ("
+                + "; ".join(hard)
+                + "): reword the patch's Why:/What: (or the reports it quotes) and split again"
+            )
+        res.description = txn.write(f"{unit.name}.md", text)
         results.append(res)
         names = ", ".join(p.name for p in unit.patches)
         if not res.ok:
@@ -1032,6 +1279,8 @@ def _build_all(
         log(f"{unit.branch}: {len(unit.patches)} commit(s) on {label}{how} [{names}]{tests}")
         log(f"  PR description: {res.description}")
         entry = record_entry(res, trailers_kept=keep_trailers, when=_now())
+        entry["upstream_tests"] = res.placed_tests
+        entry["description_warnings"] = res.warnings
         prev = previous.get(unit.name)
         res.change, rd = compare_with_previous(repo, res, prev, entry)
         entry["change"] = res.change
@@ -1162,6 +1411,7 @@ def cmd_split(args: argparse.Namespace) -> int:
         series_base=args.series_base,
         keep_trailers=args.keep_trailers,
         force=args.force or (),
+        project=root,
     )
     if any(not r.ok for r in results):
         for r in results:
