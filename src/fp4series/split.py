@@ -651,13 +651,32 @@ def _provenance(report: Path) -> str:
     head = head if isinstance(head, dict) else {}
     bits = [str(head.get("device") or "GPU"), str(head.get("date") or "")[:10]]
     text = ", ".join(b for b in bits if b)
-    return text + (f", made by `{head['command']}`" if head.get("command") else "")
+    command = str(head.get("command") or "")
+    if command and not description_problems(command)[0]:
+        text += f", made by `{command}`"
+    return text
+
+
+def report_notes(report: Path) -> list[str]:
+    """What a report quoted by a description lacks for upstream (its command, when the one it
+    records names this project's tooling or machines and so is left out)."""
+    try:
+        head = json.loads(report.read_text())
+    except (OSError, ValueError):
+        return []
+    command = str(head.get("command") or "") if isinstance(head, dict) else ""
+    if command and description_problems(command)[0]:
+        return [
+            f"{report}: its command ({command[:80]}) speaks of this project, so the "
+            "description quotes no command: record one a reviewer can run"
+        ]
+    return []
 
 
 def _report_list(report: Path, key: str, what: str) -> list[Any] | str:
     """``report``'s top-level list ``key``, or the line to print instead of numbers."""
     if not report.is_file():
-        return f"No GPU {what} numbers for this change on this base yet."
+        return f"No GPU {what} results for this change on this base yet."
     try:
         items: list[Any] = json.loads(report.read_text()).get(key, [])
         return items
@@ -678,8 +697,8 @@ def numerics_evidence(unit: Unit, report: Path) -> list[str]:
     out = [
         f"GPU accuracy, {_provenance(report)}: relative L2 error of the layer output "
         "against an fp32 reference computed from the same FP4 weights and scales, layers "
-        f"{', '.join(sorted(wanted))} (templates: `patched` is this change, `upstream` the "
-        "base without it):",
+        f"{', '.join(sorted(wanted))} (templates: `patched` is with this change, the others "
+        "without it):",
         "",
         "| path | templates | cases | max rel_l2 | worst case |",
         "|---|---|---|---|---|",
@@ -752,16 +771,16 @@ UPSTREAM_TEST_DIRS = ("test/", "python/sglang/test/")
 
 # Upstream work a change follows or mirrors, cited in its Motivation. A patch names its own with
 # a ``Related:`` trailer (``Related: sgl-project/sglang#35020, vllm-project/vllm#29901``); these
-# are the ones known for patches whose headers do not say yet, by the patch's file stem.
+# are the ones known for patches whose headers do not say yet, by the patch's stem (no number).
 RELATED_WORK = {
     "sgl-project/sglang#35020": "the same bias-ordering bug fixed for dense FP8 Marlin "
     '("Correct dense FP8 Marlin bias ordering"); this is its NVFP4 counterpart',
     "vllm-project/vllm#29901": "vLLM's Marlin path for Turing (SM75), whose approach this follows",
 }
 RELATED_BY_STEM = {
-    "0001-nvfp4-marlin-add-the-linear-bias-in-its-original-order": ["sgl-project/sglang#35020"],
-    "0004-marlin-fp4-w4a16-path-for-turing-sm75-fp16": ["vllm-project/vllm#29901"],
-    "0009-marlin-fp4-turing-sm75": ["vllm-project/vllm#29901"],
+    "nvfp4-marlin-add-the-linear-bias-in-its-original-order": ["sgl-project/sglang#35020"],
+    "marlin-fp4-w4a16-path-for-turing-sm75-fp16": ["vllm-project/vllm#29901"],
+    "marlin-fp4-turing-sm75": ["vllm-project/vllm#29901"],
 }
 
 
@@ -793,7 +812,10 @@ def upstream_tests(unit: Unit, placed: Sequence[str] = ()) -> list[str]:
 _HARD = (
     (r"fp4series", "names this project"),
     (r"\b(2|two)-core\b|\bshared\b[^.\n]*\bmachine\b|\bCPU machine\b", "names build machines"),
-    (r"device (time|calls?)|\$OUT\b|\bgpu-proof\b|\bmake-bundle\b", "names GPU logistics"),
+    (
+        r"device (time|calls?)|\$OUT\b|\bgpu-proof\b|\bmake-bundle\b|\bscripts/device/",
+        "names GPU logistics",
+    ),
     (
         r"(^|[\s`(])\.work/|(^|[\s`(])tests/(sglang[\w.-]*|gpu|tooling|serve)/",
         "names a path of this project",
@@ -804,6 +826,7 @@ _SOFT = (
     (r"\b(the|this|our) series\b", "speaks of a patch series"),
     (r"\b(previous|next) patch\b|\bpatch \d+\b|\bthe [A-Z]\w* patch\b", "names another patch"),
     (r"\bnot (yet )?(re-?)?(run|measured)\b", "says something was not run"),
+    (r"\bthe line's\b|\bthis line\b", "speaks of a maintained line"),
 )
 
 
@@ -1258,6 +1281,7 @@ def _build_all(
             res.tests = runner(wt, run)
         text = pr_description(res, reports_dir=reports_dir)
         hard, soft = description_problems(text)
+        soft += [n for r in ("numerics.json", "bench.json") for n in report_notes(reports_dir / r)]
         res.warnings = soft
         for w in soft:
             log(f"{unit.branch}: PR description, reword in the patch header: {w}")

@@ -805,3 +805,23 @@ def test_a_description_naming_this_project_fails_the_split(world: dict[str, Path
     assert bad.unit.name == "other-b" and "speaks of this project" in bad.error
     assert "names this project" in bad.error
     assert git(world["target"], "for-each-ref") == before  # all or nothing
+
+
+def test_a_report_command_of_this_project_is_not_quoted(world: dict[str, Path]) -> None:
+    reports = world["root"] / "reports"
+    reports.mkdir()
+    case = {"path": "modelopt-dense", "dtype": "fp16", "m": 1, "n": 64, "k": 64, "rel_l2": 3e-4}
+    head = {"device": "NVIDIA H200", "date": "2026-12-01T11:53:33+00:00", "cases": [case]}
+    own = {**head, "command": "scripts/gpu-proof.sh --bundle bundle --stages numerics"}
+    (reports / "numerics.json").write_text(json.dumps(own))
+    logs: list[str] = []
+    (r,) = run_split(world, only=["change-a"], log=logs.append)
+    md = r.description.read_text()  # type: ignore[union-attr]
+    assert "GPU accuracy, NVIDIA H200, 2026-12-01:" in md and "gpu-proof" not in md
+    assert r.ok and any("record one a reviewer can run" in w for w in r.warnings), r.warnings
+    assert any("record one a reviewer can run" in ln for ln in logs)
+    runnable = {**head, "command": "python3 -m pytest -q test/registered/quant/test_x.py"}
+    (reports / "numerics.json").write_text(json.dumps(runnable))
+    (r,) = run_split(world, only=["change-a"])
+    md = r.description.read_text()  # type: ignore[union-attr]
+    assert "made by `python3 -m pytest -q test/registered/quant/test_x.py`" in md
