@@ -528,6 +528,15 @@ def place_tests(
                 data.relative_to(project).as_posix() + "/",
                 (Path(pl.dest).parent.parent / "data").as_posix() + "/",
             )
+    for rel in sorted(set(mapping.values())):
+        f = worktree / rel
+        if not f.is_file():
+            continue
+        hard, _ = description_problems(f.read_text(encoding="utf-8", errors="replace"))
+        for h in hard[:3]:
+            notes.append(f"{rel} (from this project's tests), {h}: reword it in the test")
+        if len(hard) > 3:
+            notes.append(f"{rel}: {len(hard) - 3} more such lines")
     if placed:
         _git(worktree, "add", "-A", "test")
         date = _git(worktree, "log", "-1", "--format=%aI").stdout.strip()
@@ -1275,6 +1284,7 @@ def _build_all(
             res.head = _git(wt, "rev-parse", "HEAD").stdout.strip()
             for n in notes:
                 log(f"{unit.branch}: test placement: {n}")
+            res.warnings += notes
             run = upstream_test_ids(run, mapping) or run
             res.test_ids = [t for t in run if t.split("::", 1)[0] in placed]
         if res.ok and runner is not None and run:
@@ -1282,7 +1292,7 @@ def _build_all(
         text = pr_description(res, reports_dir=reports_dir)
         hard, soft = description_problems(text)
         soft += [n for r in ("numerics.json", "bench.json") for n in report_notes(reports_dir / r)]
-        res.warnings = soft
+        res.warnings += soft
         for w in soft:
             log(f"{unit.branch}: PR description, reword in the patch header: {w}")
         if hard and res.ok:

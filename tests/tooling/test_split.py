@@ -825,3 +825,17 @@ def test_a_report_command_of_this_project_is_not_quoted(world: dict[str, Path]) 
     (r,) = run_split(world, only=["change-a"])
     md = r.description.read_text()  # type: ignore[union-attr]
     assert "made by `python3 -m pytest -q test/registered/quant/test_x.py`" in md
+
+
+def test_a_placed_test_that_names_this_project_is_named_for_its_author(
+    line: dict[str, Path],
+) -> None:
+    t = line["project"] / "tests/test_line.py"
+    t.write_text(t.read_text() + "\n# run it with .work/venv (fp4series)\n")
+    logs: list[str] = []
+    results = split_line(line, project=line["project"], log=logs.append)
+    b = results[1]
+    assert b.ok  # the test is the project's to reword; the description stays clean
+    dest = f"{sp.UPSTREAM_TEST_DIR}/test_line.py"
+    assert any(dest in w and "reword it in the test" in w for w in b.warnings), b.warnings
+    assert any("reword it in the test" in ln for ln in logs)
