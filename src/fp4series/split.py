@@ -61,6 +61,8 @@ Public API:
 from __future__ import annotations
 
 import argparse
+import email
+import email.utils
 import json
 import os
 import re
@@ -253,12 +255,17 @@ def _git(
     return proc
 
 
-def _committer_env(repo: Path) -> dict[str, str]:
+def _committer_env(repo: Path, patch_text: str = "") -> dict[str, str]:
+    """Committer for REPO's new commits: its git identity, else the patch's author (the
+    commits go upstream, so no name of this tooling stands in for a missing identity)."""
+    name, addr = email.utils.parseaddr(
+        str(email.message_from_string(patch_text.split("\n\n", 1)[0]).get("From", ""))
+    )
     env: dict[str, str] = {}
     if _git(repo, "config", "user.name", check=False).returncode != 0:
-        env["GIT_COMMITTER_NAME"] = "fp4series split"
+        env["GIT_COMMITTER_NAME"] = name or "split"
     if _git(repo, "config", "user.email", check=False).returncode != 0:
-        env["GIT_COMMITTER_EMAIL"] = "fp4series@localhost"
+        env["GIT_COMMITTER_EMAIL"] = addr or "split@localhost"
     return env
 
 
@@ -398,7 +405,8 @@ def make_branch(
         attempts.append(("three-way", [*args, "-3"]))
     error = ""
     for how, cmd in attempts:
-        proc = _git(worktree, *cmd, *files, env=_committer_env(repo), check=False)
+        first = unit.patches[0].text if unit.patches else ""
+        proc = _git(worktree, *cmd, *files, env=_committer_env(repo, first), check=False)
         if proc.returncode == 0:
             head = _git(worktree, "rev-parse", "HEAD").stdout.strip()
             return BranchOutcome(True, head, "", how)
@@ -539,8 +547,12 @@ def place_tests(
             notes.append(f"{rel}: {len(hard) - 3} more such lines")
     if placed:
         _git(worktree, "add", "-A", "test")
-        date = _git(worktree, "log", "-1", "--format=%aI").stdout.strip()
-        env = {**_committer_env(repo), "GIT_COMMITTER_DATE": date}
+        name, addr, date = (
+            _git(worktree, "log", "-1", "--format=%cn%x00%ce%x00%aI")
+            .stdout.strip("\n")
+            .split("\x00")
+        )
+        env = {"GIT_COMMITTER_NAME": name, "GIT_COMMITTER_EMAIL": addr, "GIT_COMMITTER_DATE": date}
         _git(worktree, "commit", "-q", "--amend", "--no-edit", "--no-verify", env=env)
     return placed, mapping, notes
 

@@ -839,3 +839,19 @@ def test_a_placed_test_that_names_this_project_is_named_for_its_author(
     dest = f"{sp.UPSTREAM_TEST_DIR}/test_line.py"
     assert any(dest in w and "reword it in the test" in w for w in b.warnings), b.warnings
     assert any("reword it in the test" in ln for ln in logs)
+
+
+def test_without_a_git_identity_the_committer_is_the_author_not_this_tooling(
+    line: dict[str, Path], monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    empty = tmp_path / "no-gitconfig"
+    empty.write_text("")
+    monkeypatch.setenv("GIT_CONFIG_GLOBAL", str(empty))
+    monkeypatch.setenv("GIT_CONFIG_NOSYSTEM", "1")
+    for var in ("GIT_COMMITTER_NAME", "GIT_COMMITTER_EMAIL", "EMAIL"):
+        monkeypatch.delenv(var, raising=False)
+    split_line(line, project=line["project"])
+    t = line["target"]
+    for branch in ("nvfp4-marlin/line-change-a", "nvfp4-marlin/line-b"):
+        who = git(t, "log", "-1", "--format=%an <%ae>|%cn <%ce>", branch).strip()
+        assert who == "Author One <a@example.com>|Author One <a@example.com>", who
