@@ -471,7 +471,8 @@ def test_placements(unit: Unit) -> list[TestPlacement]:
 
 
 def _support_files(project: Path, src: Path) -> list[Path]:
-    """conftest.py beside SRC and the sibling _*.py modules SRC or they import."""
+    """conftest.py beside SRC and the sibling modules SRC or they import (helpers, or another
+    test file whose builders a test reuses)."""
     here = src.parent
     found: list[Path] = []
     todo = [src] + ([here / "conftest.py"] if (here / "conftest.py").is_file() else [])
@@ -480,8 +481,8 @@ def _support_files(project: Path, src: Path) -> list[Path]:
         if f != src and f not in found:
             found.append(f)
         text = f.read_text(encoding="utf-8")
-        for name in re.findall(r"^\s*(?:from|import)\s+(_\w+)", text, re.M) + re.findall(
-            r"import_module\(\"(_\w+)\"\)", text
+        for name in re.findall(r"^\s*(?:from|import)\s+(\w+)", text, re.M) + re.findall(
+            r"import_module\(\"(\w+)\"\)", text
         ):
             cand = here / f"{name}.py"
             if cand.is_file() and cand not in found and cand != src:
@@ -832,7 +833,7 @@ def upstream_tests(unit: Unit, placed: Sequence[str] = ()) -> list[str]:
 # or contradicts the results quoted (soft: listed for the patch's author to reword).
 _HARD = (
     (r"fp4series", "names this project"),
-    (r"\b(2|two)-core\b|\bshared\b[^.\n]*\bmachine\b|\bCPU machine\b", "names build machines"),
+    (r"\b(2|two)-core\b|\bshared\b[^.\n]*\bmachine\b", "names build machines"),
     (
         r"device (time|calls?)|\$OUT\b|\bgpu-proof\b|\bmake-bundle\b|\bscripts/device/",
         "names GPU logistics",

@@ -855,3 +855,20 @@ def test_without_a_git_identity_the_committer_is_the_author_not_this_tooling(
     for branch in ("nvfp4-marlin/line-change-a", "nvfp4-marlin/line-b"):
         who = git(t, "log", "-1", "--format=%an <%ae>|%cn <%ce>", branch).strip()
         assert who == "Author One <a@example.com>|Author One <a@example.com>", who
+
+
+def test_support_files_are_the_conftest_and_the_sibling_modules_imported(tmp_path: Path) -> None:
+    d = tmp_path / "tests" / "sglang-9.9"
+    write(d, "conftest.py", 'import importlib\nimportlib.import_module("_types_99")\n')
+    write(d, "_types_99.py", "")
+    write(d, "_helpers.py", "import torch\n")
+    write(d, "test_matrix.py", "from _helpers import x\n")
+    write(d, "test_unrelated.py", "")
+    write(d, "test_fused.py", "import pytest\nfrom test_matrix import build\n")
+    got = sp._support_files(tmp_path, d / "test_fused.py")
+    assert sorted(p.name for p in got) == [
+        "_helpers.py",
+        "_types_99.py",
+        "conftest.py",
+        "test_matrix.py",
+    ]
