@@ -1146,6 +1146,7 @@ def split(
         force,
     )
     guard.pause("planned")
+    tags_before = _tags(repo)
     txn = guard.Transaction(repo, out_dir, claims, log)
     try:
         results = _build_all(
@@ -1165,6 +1166,7 @@ def split(
                 + ", ".join(r.unit.branch for r in failed)
                 + "); fix those patches (or pick a --base where they apply) and run again"
             )
+            _drop_new_tags(repo, tags_before, log)
             return results
         if not only:
             gone = [name for name in entries if name not in {u.name for u in units_all}]
@@ -1197,10 +1199,24 @@ def split(
         return results
     except BaseException:
         txn.rollback()
+        _drop_new_tags(repo, tags_before, log)
         log("split stopped: no branch was created or moved and the out dir is as it was")
         raise
     finally:
         txn.close()
+
+
+def _tags(repo: Path) -> dict[str, str]:
+    out = _git(repo, "for-each-ref", "--format=%(refname) %(objectname)", "refs/tags").stdout
+    return dict(ln.split(" ", 1) for ln in out.splitlines() if " " in ln)
+
+
+def _drop_new_tags(repo: Path, before: dict[str, str], log: Callable[[str], None]) -> None:
+    """Remove the release tags this split fetched into REPO (a failed split leaves nothing)."""
+    for ref, sha in _tags(repo).items():
+        if ref not in before:
+            _git(repo, "update-ref", "-d", ref, sha, check=False)
+            log(f"{ref}: fetched by this split, removed again")
 
 
 def _build_all(

@@ -872,3 +872,17 @@ def test_support_files_are_the_conftest_and_the_sibling_modules_imported(tmp_pat
         "conftest.py",
         "test_matrix.py",
     ]
+
+
+def test_a_failed_split_leaves_no_release_tag_it_fetched(world: dict[str, Path]) -> None:
+    rel = _release(
+        world["root"],
+        "0.0.2",
+        {"python/pkg/__init__.py": "", "python/pkg/a.py": REL_A, "python/pkg/b.py": "B = 1\n"},
+    )
+    before = git(world["target"], "for-each-ref")
+    logs: list[str] = []
+    (res,) = run_split(world, "0.0.2", rel, only=["change-a"], series_base="0.0.2", log=logs.append)
+    assert not res.ok  # exact only on its own base, and a context line changed in 0.0.2
+    assert git(world["target"], "for-each-ref") == before  # no branch, no tag v0.0.2
+    assert any("refs/tags/v0.0.2: fetched by this split, removed again" in ln for ln in logs)
