@@ -842,10 +842,10 @@ _HARD = (
         r"(^|[\s`(])\.work/|(^|[\s`(])tests/(sglang[\w.-]*|gpu|tooling|serve)/",
         "names a path of this project",
     ),
-    (r"\bdownstream\b", "calls itself downstream"),
 )
 _SOFT = (
     (r"\b(the|this|our) series\b", "speaks of a patch series"),
+    (r"\bdownstream (series|project|patch(es)?|tests?)\b", "calls itself downstream"),
     (r"\b(previous|next) patch\b|\bpatch \d+\b|\bthe [A-Z]\w* patch\b", "names another patch"),
     (r"\bnot (yet )?(re-?)?(run|measured)\b", "says something was not run"),
     (r"\bthe line's\b|\bthis line\b", "speaks of a maintained line"),

@@ -791,9 +791,10 @@ def test_description_check_names_this_project_and_its_machines() -> None:
         "Built with fp4series.\nOn the shared 2-core CPU machine.\n"
         "See tests/sglang-0.5.23/test_x.py and .work/venv.\nthe series on v0.5.11 does it.\n"
         "Not yet re-measured on a GPU.\nThe helper cannot run on SM70.\n"
+        "The downstream layers read it.\nThese are downstream tests.\n"
     )
     assert [h.split(":")[0] for h in hard] == ["line 1", "line 2", "line 3"]
-    assert [w.split(":")[0] for w in soft] == ["line 4", "line 5"]
+    assert [w.split(":")[0] for w in soft] == ["line 4", "line 5", "line 8"]
 
 
 def test_a_description_naming_this_project_fails_the_split(world: dict[str, Path]) -> None:
