@@ -19,13 +19,20 @@ upstream's history, and a maintainer expects a clean commit, so they are removed
 patches given to ``git am`` (other trailers, e.g. ``Signed-off-by:``, stay). ``--keep-trailers``
 keeps them (branches for review inside this project). The series files are never changed.
 
-With ``--run-tests`` the branch's declared non-GPU ``Tests:`` run against its tree
-(``PYTHONPATH=<worktree>/python``) with ``--python`` (default: .work/venv). A PR description in
-SGLang's template layout (Motivation from ``Why:``, Modifications from ``What:`` and the
-diffstat, Accuracy Tests from ``How verified:``, the branch's test run and the GPU numerics
-report in ``--reports-dir``, Benchmarking and Profiling from its bench report, Checklist) is
-written to ``<out-dir>/<unit>.md``. Nothing is pushed: the ``git push`` / ``gh pr create``
-commands are printed for a person to run.
+Each member's CPU ``Tests:`` files go into the branch's last commit at their place in upstream's
+test tree (``Upstream-Tests: SRC=DEST``, default ``test/registered/quant/nvfp4_marlin/<name>``),
+with the conftest.py and ``_*.py`` helpers beside them and tests/data/, and SGLang's CI
+registration (``register_cpu_ci``, suite base-a-test-cpu) plus a ``__main__`` entry when the file
+has neither. With ``--run-tests`` they run there, in the branch's tree (``PYTHONPATH=<worktree>/
+python``), with ``--python`` (default: .work/venv). The PR description, ``<out-dir>/<unit>.md``,
+follows SGLang's template (Motivation from ``Why:`` and the related upstream/vLLM work,
+Modifications from ``What:`` and the diffstat, Accuracy Tests from the placed tests, this run
+of them and the GPU numerics report in ``--reports-dir`` with its command, Speed Tests and
+Profiling from its bench report, a Checklist that ticks only what the branch shows). A
+description that names this project, its machines or its paths fails the split
+(``description_problems``); wording about the series or runs not made is logged for the
+patch's author. Nothing is pushed: the ``git push`` / ``gh pr create`` commands are printed
+for a person to run.
 
 Record: ``<out-dir>/split-record.json`` lists per branch: branch, base (label, version, tag,
 commit), the patch files (name, sha256, stable patch-id; member or dependency), head commit,
@@ -54,6 +61,8 @@ Public API:
 from __future__ import annotations
 
 import argparse
+import email
+import email.utils
 import json
 import os
 import re
@@ -67,6 +76,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
+from fp4series import split_guard as guard
 from fp4series.errors import SeriesError
 from fp4series.overlap import (
     PatchDoc,
@@ -84,7 +94,16 @@ BRANCH_PREFIX = "nvfp4-marlin/"
 UPSTREAM_REPO = "sgl-project/sglang"
 DOCS = "https://docs.sglang.io/developer_guide/contribution_guide.html"
 APPLIES = ("clean", "offset", "three-way")
-INTERNAL_TRAILERS = ("Upstream-Status", "Tests", "Provides", "Depends-On", "Group", "Rebased-From")
+INTERNAL_TRAILERS = (
+    "Upstream-Status",
+    "Tests",
+    "Upstream-Tests",
+    "Related",
+    "Provides",
+    "Depends-On",
+    "Group",
+    "Rebased-From",
+)
 RECORD_FILE = "split-record.json"
 RECORD_SCHEMA = 1
 REF_PREFIX = "refs/fp4series/split/"
@@ -155,6 +174,9 @@ class SplitResult:
     base_tag: str = ""
     change: str = ""  # one line: unchanged / changed (...) / new, against the previous split
     range_diff: Path | None = None
+    placed_tests: list[str] = field(default_factory=list)  # test files placed in upstream's tree
+    test_ids: list[str] = field(default_factory=list)  # the tests as run on the branch
+    warnings: list[str] = field(default_factory=list)  # description wording to reword
 
 
 def unit_name(doc: PatchDoc) -> str:
@@ -233,12 +255,17 @@ def _git(
     return proc
 
 
-def _committer_env(repo: Path) -> dict[str, str]:
+def _committer_env(repo: Path, patch_text: str = "") -> dict[str, str]:
+    """Committer for REPO's new commits: its git identity, else the patch's author (the
+    commits go upstream, so no name of this tooling stands in for a missing identity)."""
+    name, addr = email.utils.parseaddr(
+        str(email.message_from_string(patch_text.split("\n\n", 1)[0]).get("From", ""))
+    )
     env: dict[str, str] = {}
     if _git(repo, "config", "user.name", check=False).returncode != 0:
-        env["GIT_COMMITTER_NAME"] = "fp4series split"
+        env["GIT_COMMITTER_NAME"] = name or "split"
     if _git(repo, "config", "user.email", check=False).returncode != 0:
-        env["GIT_COMMITTER_EMAIL"] = "fp4series@localhost"
+        env["GIT_COMMITTER_EMAIL"] = addr or "split@localhost"
     return env
 
 
@@ -354,12 +381,12 @@ def make_branch(
     three_way_fallback: bool = False,
     patch_files: Sequence[Path] | None = None,
 ) -> BranchOutcome:
-    """Branch ``unit.branch`` at BASE_REV with the unit's patches (or PATCH_FILES, the same
+    """Commits for ``unit.branch`` at BASE_REV with the unit's patches (or PATCH_FILES, the same
     patches prepared for the branch) via ``git am``: exactly; when that fails and
     THREE_WAY_FALLBACK, again with ``-3``. The commits are made in WORKTREE (detached, left
-    there for the tests) and the branch is moved to them only on success: a failure leaves it
-    as it was. WORKTREE is re-created; it must lie inside OWNER (the split's out dir), checked
-    first."""
+    there for the tests); no branch is moved here (split moves every branch at once, once all
+    are built: split_guard.Transaction). WORKTREE is re-created; it must lie inside OWNER (the
+    split's out dir), checked first."""
     worktree = inside(worktree, owner)
     if worktree.exists() or worktree.is_symlink():
         _git(repo, "worktree", "remove", "--force", str(worktree), check=False)
@@ -378,10 +405,10 @@ def make_branch(
         attempts.append(("three-way", [*args, "-3"]))
     error = ""
     for how, cmd in attempts:
-        proc = _git(worktree, *cmd, *files, env=_committer_env(repo), check=False)
+        first = unit.patches[0].text if unit.patches else ""
+        proc = _git(worktree, *cmd, *files, env=_committer_env(repo, first), check=False)
         if proc.returncode == 0:
             head = _git(worktree, "rev-parse", "HEAD").stdout.strip()
-            _git(repo, "branch", "-f", unit.branch, head)
             return BranchOutcome(True, head, "", how)
         _git(worktree, "am", "--abort", check=False)
         _git(worktree, "reset", "-q", "--hard", base_rev, check=False)
@@ -392,6 +419,153 @@ def make_branch(
 
 # ---------------------------------------------------------------------------------------------
 # tests
+
+
+# Where a patch's CPU tests go in upstream's tree. A patch names them with ``Upstream-Tests:
+# SRC=DEST`` entries (SRC: a file of its Tests:, DEST: its path in upstream's tree); without one,
+# each Tests: file under tests/ goes to UPSTREAM_TEST_DIR under its own name. Its directory's
+# conftest.py and the _*.py helpers it imports go with it, and tests/data/ (the checkpoint configs
+# the tests parse) to the same place relative to them.
+UPSTREAM_TEST_DIR = "test/registered/quant/nvfp4_marlin"
+UPSTREAM_CI_SUITE = "base-a-test-cpu"  # SGLang's CPU suite (register_cpu_ci, v0.5.23)
+_CI_FOOTER = """
+
+# SGLang's CI collects this file by its registration and runs it as a script.
+from sglang.test.ci.ci_register import register_cpu_ci  # noqa: E402
+
+register_cpu_ci(est_time={est}, suite="{suite}")
+
+if __name__ == "__main__":
+    raise SystemExit(pytest.main([__file__, "-q"]))
+"""
+
+
+@dataclass
+class TestPlacement:
+    """A project test file and where it goes in upstream's tree."""
+
+    source: str  # project-relative
+    dest: str  # upstream-tree-relative
+
+
+def test_placements(unit: Unit) -> list[TestPlacement]:
+    """Where the unit's members' CPU Tests: files go in upstream's tree."""
+    out: list[TestPlacement] = []
+    seen: set[str] = set()
+    for m in unit.members:
+        declared: dict[str, str] = {}
+        for entry in re.split(r"[,\s]+", m.trailers.get("Upstream-Tests", "")):
+            if "=" in entry:
+                src, dest = entry.split("=", 1)
+                declared[src] = dest
+        for t in m.tests:
+            if re.match(r"^(gpu|bench):", t):
+                continue
+            src = t.split("::", 1)[0]
+            if src in seen or not src.startswith("tests/"):
+                continue
+            seen.add(src)
+            dest = declared.get(src, f"{UPSTREAM_TEST_DIR}/{Path(src).name}")
+            out.append(TestPlacement(src, dest))
+    return out
+
+
+def _support_files(project: Path, src: Path) -> list[Path]:
+    """conftest.py beside SRC and the sibling modules SRC or they import (helpers, or another
+    test file whose builders a test reuses)."""
+    here = src.parent
+    found: list[Path] = []
+    todo = [src] + ([here / "conftest.py"] if (here / "conftest.py").is_file() else [])
+    while todo:
+        f = todo.pop()
+        if f != src and f not in found:
+            found.append(f)
+        text = f.read_text(encoding="utf-8")
+        for name in re.findall(r"^\s*(?:from|import)\s+(\w+)", text, re.M) + re.findall(
+            r"import_module\(\"(\w+)\"\)", text
+        ):
+            cand = here / f"{name}.py"
+            if cand.is_file() and cand not in found and cand != src:
+                todo.append(cand)
+    return found
+
+
+def place_tests(
+    unit: Unit, worktree: Path, project: Path, repo: Path
+) -> tuple[list[str], dict[str, str], list[str]]:
+    """Copy the unit's tests (and their support) into WORKTREE at their upstream paths, make
+    each runnable by SGLang's CI (register_cpu_ci and a __main__ entry, when it has neither),
+    and fold them into the branch's last commit (its author date kept as committer date).
+    Returns (placed test files, {project path: upstream path} for every file copied,
+    notes on what could not be placed)."""
+    placed: list[str] = []
+    mapping: dict[str, str] = {}
+    notes: list[str] = []
+    for pl in test_placements(unit):
+        src = project / pl.source
+        if not src.is_file():
+            notes.append(f"{pl.source}: not in this project, not placed")
+            continue
+        dest = worktree / pl.dest
+        if dest.exists():
+            notes.append(f"{pl.dest} exists in the base, not overwritten")
+            continue
+        dest.parent.mkdir(parents=True, exist_ok=True)
+        text = src.read_text(encoding="utf-8")
+        if not re.search(r"^register_\w+_ci\(", text, re.M) and "__main__" not in text:
+            if not re.search(r"^import pytest$", text, re.M):
+                text = "import pytest\n" + text
+            text = text.rstrip("\n") + "\n" + _CI_FOOTER.format(est=60, suite=UPSTREAM_CI_SUITE)
+        dest.write_text(text, encoding="utf-8")
+        mapping[pl.source] = pl.dest
+        placed.append(pl.dest)
+        for sup in _support_files(project, src):
+            rel = sup.relative_to(project).as_posix()
+            target = dest.parent / sup.name
+            if not target.exists():
+                target.write_bytes(sup.read_bytes())
+            mapping.setdefault(rel, (Path(pl.dest).parent / sup.name).as_posix())
+        data = src.parent.parent / "data"
+        data_dest = dest.parent.parent / "data"
+        if data.is_dir() and not data_dest.exists():
+            for f in sorted(data.rglob("*")):
+                if f.is_file():
+                    t = data_dest / f.relative_to(data)
+                    t.parent.mkdir(parents=True, exist_ok=True)
+                    t.write_bytes(f.read_bytes())
+            mapping.setdefault(
+                data.relative_to(project).as_posix() + "/",
+                (Path(pl.dest).parent.parent / "data").as_posix() + "/",
+            )
+    for rel in sorted(set(mapping.values())):
+        f = worktree / rel
+        if not f.is_file():
+            continue
+        hard, _ = description_problems(f.read_text(encoding="utf-8", errors="replace"))
+        for h in hard[:3]:
+            notes.append(f"{rel} (from this project's tests), {h}: reword it in the test")
+        if len(hard) > 3:
+            notes.append(f"{rel}: {len(hard) - 3} more such lines")
+    if placed:
+        _git(worktree, "add", "-A", "test")
+        name, addr, date = (
+            _git(worktree, "log", "-1", "--format=%cn%x00%ce%x00%aI")
+            .stdout.strip("\n")
+            .split("\x00")
+        )
+        env = {"GIT_COMMITTER_NAME": name, "GIT_COMMITTER_EMAIL": addr, "GIT_COMMITTER_DATE": date}
+        _git(worktree, "commit", "-q", "--amend", "--no-edit", "--no-verify", env=env)
+    return placed, mapping, notes
+
+
+def upstream_test_ids(tests: Sequence[str], mapping: dict[str, str]) -> list[str]:
+    """Test ids of the project mapped to their placed upstream paths (unplaced ones dropped)."""
+    out = []
+    for t in tests:
+        file, sep, rest = t.partition("::")
+        if file in mapping:
+            out.append(mapping[file] + sep + rest)
+    return out
 
 
 def runnable_tests(unit: Unit) -> tuple[list[str], list[str]]:
@@ -419,7 +593,9 @@ def pytest_runner(python: str, project: Path) -> TestRunner:
             env["PYTHONPATH"] = os.pathsep.join(
                 p for p in (str(worktree / "python"), env.get("PYTHONPATH", "")) if p
             )
-            proc = subprocess.run(cmd, cwd=project, capture_output=True, text=True, env=env)
+            in_tree = all((worktree / t.split("::", 1)[0]).exists() for t in tests)
+            cwd = worktree if in_tree else project
+            proc = subprocess.run(cmd, cwd=cwd, capture_output=True, text=True, env=env)
             tr = TestRun(
                 [f"PYTHONPATH={worktree / 'python'}", python, "-m", "pytest", "-q", *tests],
                 returncode=proc.returncode,
@@ -488,19 +664,46 @@ def numerics_paths(doc_files: Sequence[str]) -> set[str]:
     return {f"{m}-{k}" for m in methods for k in kinds}
 
 
-def _short(report: Path) -> str:
-    return "/".join(report.parts[-3:])
+def _provenance(report: Path) -> str:
+    """'<device>, <date>, made by `<command>`' from a GPU report's header (what it has)."""
+    try:
+        head = json.loads(report.read_text())
+    except (OSError, ValueError):
+        head = {}
+    head = head if isinstance(head, dict) else {}
+    bits = [str(head.get("device") or "GPU"), str(head.get("date") or "")[:10]]
+    text = ", ".join(b for b in bits if b)
+    command = str(head.get("command") or "")
+    if command and not description_problems(command)[0]:
+        text += f", made by `{command}`"
+    return text
+
+
+def report_notes(report: Path) -> list[str]:
+    """What a report quoted by a description lacks for upstream (its command, when the one it
+    records names this project's tooling or machines and so is left out)."""
+    try:
+        head = json.loads(report.read_text())
+    except (OSError, ValueError):
+        return []
+    command = str(head.get("command") or "") if isinstance(head, dict) else ""
+    if command and description_problems(command)[0]:
+        return [
+            f"{report}: its command ({command[:80]}) speaks of this project, so the "
+            "description quotes no command: record one a reviewer can run"
+        ]
+    return []
 
 
 def _report_list(report: Path, key: str, what: str) -> list[Any] | str:
     """``report``'s top-level list ``key``, or the line to print instead of numbers."""
     if not report.is_file():
-        return f"No GPU {what} report ({report.name}) in this checkout yet."
+        return f"No GPU {what} results for this change on this base yet."
     try:
         items: list[Any] = json.loads(report.read_text()).get(key, [])
         return items
     except (json.JSONDecodeError, AttributeError) as exc:
-        return f"{report} could not be read ({exc}); no numbers quoted."
+        return f"The GPU {what} report could not be read ({exc}); no numbers quoted."
 
 
 def numerics_evidence(unit: Unit, report: Path) -> list[str]:
@@ -512,10 +715,12 @@ def numerics_evidence(unit: Unit, report: Path) -> list[str]:
     wanted = numerics_paths(files)
     picked = [c for c in cases if isinstance(c, dict) and c.get("path") in wanted]
     if not picked:
-        return [f"{report.name} has no case for paths {', '.join(sorted(wanted))}."]
+        return [f"The GPU accuracy run has no case for these layers ({', '.join(sorted(wanted))})."]
     out = [
-        f"H200 numerics ({_short(report)}), paths {', '.join(sorted(wanted))} "
-        "(relative L2 error against an fp32 reference from the same FP4 data):",
+        f"GPU accuracy, {_provenance(report)}: relative L2 error of the layer output "
+        "against an fp32 reference computed from the same FP4 weights and scales, layers "
+        f"{', '.join(sorted(wanted))} (templates: `patched` is with this change, the others "
+        "without it):",
         "",
         "| path | templates | cases | max rel_l2 | worst case |",
         "|---|---|---|---|---|",
@@ -559,7 +764,8 @@ def bench_evidence(unit: Unit, report: Path) -> list[str]:
     keep_m = {m for m in ms if m in (1, 16, 128, 1024)} or set(ms[:4])
     shown = [r for r in rows if r.get("m") in keep_m][:16]
     out = [
-        f"H200 ({_short(report)}), {len(rows)} rows; ratios > 1 mean FP4 Marlin is faster "
+        f"Kernel times, {_provenance(report)}, {len(rows)} rows; ratios > 1 mean FP4 "
+        "Marlin is faster "
         "(roofline: fraction of the HBM bound reached):",
         "",
         "| shape | M | fp4 us | bf16/fp4 | int4/fp4 | roofline/fp4 | upstream/fp4 |",
@@ -583,16 +789,79 @@ def _diffstat(doc: PatchDoc) -> list[str]:
     return out
 
 
-DOWNSTREAM_TESTS = (
-    "These tests belong to the downstream series (fp4series) and ran against this branch's "
-    "`python/` tree; they are not part of this PR."
-)
 UPSTREAM_TEST_DIRS = ("test/", "python/sglang/test/")
 
+# Upstream work a change follows or mirrors, cited in its Motivation. A patch names its own with
+# a ``Related:`` trailer (``Related: sgl-project/sglang#35020, vllm-project/vllm#29901``); these
+# are the ones known for patches whose headers do not say yet, by the patch's stem (no number).
+RELATED_WORK = {
+    "sgl-project/sglang#35020": "the same bias-ordering bug fixed for dense FP8 Marlin "
+    '("Correct dense FP8 Marlin bias ordering"); this is its NVFP4 counterpart',
+    "vllm-project/vllm#29901": "vLLM's Marlin path for Turing (SM75), whose approach this follows",
+}
+RELATED_BY_STEM = {
+    "nvfp4-marlin-add-the-linear-bias-in-its-original-order": ["sgl-project/sglang#35020"],
+    "marlin-fp4-w4a16-path-for-turing-sm75-fp16": ["vllm-project/vllm#29901"],
+    "marlin-fp4-turing-sm75": ["vllm-project/vllm#29901"],
+}
 
-def upstream_tests(unit: Unit) -> list[str]:
-    """Files of the unit's own patches under upstream's test directories."""
-    return [f for m in unit.members for f in m.files if f.startswith(UPSTREAM_TEST_DIRS)]
+
+def related_work(unit: Unit) -> list[str]:
+    """The upstream/vLLM PRs the unit's patches cite (``Related:``, else RELATED_BY_STEM)."""
+    out: list[str] = []
+    for m in unit.members:
+        raw = m.trailers.get("Related", "")
+        refs = [x for x in re.split(r"[,\s]+", raw) if x] or RELATED_BY_STEM.get(m.stem, [])
+        out += [r for r in refs if r not in out]
+    return out
+
+
+def _link(ref: str) -> str:
+    m = re.match(r"^([\w.-]+/[\w.-]+)#(\d+)$", ref)
+    return f"[{ref}](https://github.com/{m.group(1)}/pull/{m.group(2)})" if m else ref
+
+
+def upstream_tests(unit: Unit, placed: Sequence[str] = ()) -> list[str]:
+    """Test files the branch carries in upstream's test tree: the unit's own patches' files
+    there, and PLACED (the project tests split placed in that tree)."""
+    own = [f for m in unit.members for f in m.files if f.startswith(UPSTREAM_TEST_DIRS)]
+    return own + [f for f in placed if f not in own]
+
+
+# What a description for upstream must not contain: this project's name, how it is built and
+# run, and its own paths (hard: split fails), and wording that speaks of this project's series
+# or contradicts the results quoted (soft: listed for the patch's author to reword).
+_HARD = (
+    (r"fp4series", "names this project"),
+    (r"\b(2|two)-core\b|\bshared\b[^.\n]*\bmachine\b", "names build machines"),
+    (
+        r"device (time|calls?)|\$OUT\b|\bgpu-proof\b|\bmake-bundle\b|\bscripts/device/",
+        "names GPU logistics",
+    ),
+    (
+        r"(^|[\s`(])\.work/|(^|[\s`(])tests/(sglang[\w.-]*|gpu|tooling|serve)/",
+        "names a path of this project",
+    ),
+)
+_SOFT = (
+    (r"\b(the|this|our) series\b", "speaks of a patch series"),
+    (r"\bdownstream (series|project|patch(es)?|tests?)\b", "calls itself downstream"),
+    (r"\b(previous|next) patch\b|\bpatch \d+\b|\bthe [A-Z]\w* patch\b", "names another patch"),
+    (r"\bnot (yet )?(re-?)?(run|measured)\b", "says something was not run"),
+    (r"\bthe line's\b|\bthis line\b", "speaks of a maintained line"),
+)
+
+
+def description_problems(text: str) -> tuple[list[str], list[str]]:
+    """(hard, soft) problems of a PR description, each 'line N: why: the text'."""
+    hard: list[str] = []
+    soft: list[str] = []
+    for no, line in enumerate(text.splitlines(), 1):
+        for rules, into in ((_HARD, hard), (_SOFT, soft)):
+            for pattern, why in rules:
+                if re.search(pattern, line, re.I):
+                    into.append(f"line {no}: {why}: {line.strip()[:120]}")
+    return hard, soft
 
 
 def pr_title(unit: Unit) -> str:
@@ -603,19 +872,28 @@ def pr_title(unit: Unit) -> str:
     )
 
 
+def _test_command(result: SplitResult, tests: Sequence[str]) -> str:
+    return "python3 -m pytest -q " + " ".join(result.test_ids or tests)
+
+
 def pr_description(result: SplitResult, *, reports_dir: Path) -> str:
-    """SGLang PR template layout, filled from the patch header and this run's evidence."""
+    """A PR description in SGLang's template (Motivation, Modifications, Accuracy Tests, Speed
+    Tests and Profiling, Checklist), addressed to upstream: from the patch's Why:/What:, the
+    tests the branch carries in upstream's test tree and this split's run of them, and the GPU
+    reports in REPORTS_DIR with the command that made them."""
     unit = result.unit
     lines: list[str] = [f"<!-- {pr_title(unit)} -->", "", "## Motivation", ""]
     for m in unit.members:
         if len(unit.members) > 1:
             lines += [f"**{m.subject}**", ""]
         lines += [_section(m.message, "Why") or m.subject, ""]
+    related = related_work(unit)
+    if related:
+        lines += ["Related work:", ""]
+        lines += [f"- {_link(r)}" + (f": {RELATED_WORK[r]}" if r in RELATED_WORK else "")
+                  for r in related] + [""]  # fmt: skip
     if result.dep_units:
-        lines += [
-            "Depends on (merge first; this branch carries their commits until they land):",
-            "",
-        ]
+        lines += ["Builds on (merge first; this branch carries their commits until they land):", ""]
         for d in result.dep_units:
             why = "; ".join(result.dep_reasons.get(d, []))
             lines.append(f"- `{BRANCH_PREFIX}{d}`" + (f": {why}" if why else ""))
@@ -624,58 +902,47 @@ def pr_description(result: SplitResult, *, reports_dir: Path) -> str:
     for m in unit.members:
         if len(unit.members) > 1:
             lines += [f"**{m.subject}**", ""]
-        lines += [_section(m.message, "What") or "(no What: section in the patch)", ""]
+        lines += [_section(m.message, "What") or m.subject, ""]
         lines += ["Files:", *_diffstat(m), ""]
+    if result.placed_tests:
+        lines += ["Tests added:", *[f"- `{t}` (new)" for t in result.placed_tests], ""]
     lines += ["## Accuracy Tests", ""]
-    for m in unit.members:
-        hv = _section(m.message, "How verified")
-        if hv:
-            lines += ["How it was verified (from the commit message):", "", hv, ""]
-    in_branch = upstream_tests(unit)
-    if result.tests is not None:
-        t = result.tests
-        verdict = "passed" if t.ok else "FAILED"
+    tests = upstream_tests(unit, result.placed_tests)
+    if tests:
         lines += [
-            f"Unit tests on branch `{unit.branch}` ({result.head[:12]} on {result.base}): "
-            f"{verdict}: {t.summary()}.",
+            "Unit tests (CPU only: the device capability and the CUDA ops are mocked, the "
+            "rest is SGLang's own code):",
             "",
             "```",
-            " ".join(t.command),
+            _test_command(result, tests),
             "```",
             "",
         ]
-        if not in_branch:
-            lines += [DOWNSTREAM_TESTS, ""]
-    else:
-        run, _ = runnable_tests(unit)
-        if run:
-            lines += ["Declared unit tests (not run by this split; use --run-tests):", ""]
-            lines += [f"- `{x}`" for x in run] + [""]
-            if not in_branch:
-                lines += [DOWNSTREAM_TESTS, ""]
-        else:
-            lines += ["This patch declares no CPU unit tests.", ""]
-    if result.skipped_tests:
-        lines += ["GPU evidence declared by the patch (run on the H200, numbers below):", ""]
-        lines += [f"- `{x}`" for x in result.skipped_tests] + [""]
-    lines += numerics_evidence(unit, reports_dir / "numerics.json") + [""]
-    lines += ["## Benchmarking and Profiling", ""]
+    if result.tests is not None:
+        t = result.tests
+        verdict = "pass" if t.ok else "FAIL"
+        lines += [f"On this branch ({result.head[:12]}, on {result.base}): {verdict}, "
+                  f"{t.summary()}.", ""]  # fmt: skip
+    numbers = numerics_evidence(unit, reports_dir / "numerics.json")
+    lines += numbers + [""]
+    lines += ["## Speed Tests and Profiling", ""]
     lines += bench_evidence(unit, reports_dir / "bench.json") + [""]
-    has_tests = bool(upstream_tests(unit))
-    has_numbers = (reports_dir / "numerics.json").is_file()
+    has_numbers = any(ln.startswith("| ") for ln in numbers)
+    tests_pass = bool(tests) and (result.tests is None or result.tests.ok)
     box = lambda ok: "x" if ok else " "  # noqa: E731
     lines += [
         "## Checklist",
         "",
-        f"- [x] Code formatted with pre-commit ([format with pre-commit]"
-        f"({DOCS}#format-code-with-pre-commit)).",
-        f"- [{box(has_tests)}] Unit tests added ([run and add unit tests]"
-        f"({DOCS}#run-and-add-unit-tests))."
-        + ("" if has_tests else " The tests that prove it are in the downstream series so far."),
-        f"- [ ] Documentation updated ([write documentations]({DOCS}#write-documentations)).",
-        f"- [{box(has_numbers)}] Accuracy and speed results provided ([test the accuracy]"
-        f"({DOCS}#test-the-accuracy), [benchmark the speed]({DOCS}#benchmark-the-speed)).",
-        f"- [x] Code style guidance followed ([code style]({DOCS}#code-style-guidance)).",
+        f"- [ ] Format your code according to the [Format code with pre-commit]"
+        f"({DOCS}#format-code-with-pre-commit).",
+        f"- [{box(tests_pass)}] Add unit tests according to the [Run and add unit tests]"
+        f"({DOCS}#run-and-add-unit-tests).",
+        f"- [ ] Update documentation according to [Write documentations]"
+        f"({DOCS}#write-documentations).",
+        f"- [{box(has_numbers)}] Provide accuracy and speed benchmark results according to "
+        f"[Test the accuracy]({DOCS}#test-the-accuracy) and [Benchmark the speed]"
+        f"({DOCS}#benchmark-the-speed).",
+        f"- [ ] Follow the SGLang code style [guidance]({DOCS}#code-style-guidance).",
         "",
     ]
     return "\n".join(lines)
@@ -846,22 +1113,141 @@ def split(
     rebase_report: Path | None = None,
     series_base: str | None = None,
     keep_trailers: bool = False,
+    force: Sequence[str] = (),
+    place_upstream_tests: bool = True,
+    project: Path | None = None,
     log: Callable[[str], None] = print,
 ) -> list[SplitResult]:
     """Create one branch per unit, run its tests (when RUNNER), write its PR description, the
     record and, for a branch split before, its range-diff against that split.
+
+    All or nothing (split_guard): every branch and out-dir file is checked first (a user's is
+    refused unless FORCE names it), the branches are built detached and moved in one ref
+    transaction only when every unit applied, the files are renamed into place after that and
+    the record last; a failure at any step leaves the user's branches and files as they were.
 
     SERIES_BASE: the release the series is made on (default: the pin); on it the patches must
     apply exactly, on any other base a patch that does not falls back to ``git am -3``."""
     units_all = plan_units(docs)
     reasons = explain_dependencies(docs)
     units = plan_units(docs, only) if only else units_all
-    results: list[SplitResult] = []
     out_dir.mkdir(parents=True, exist_ok=True)
     own_version = (series_base or pin_version).lstrip("v")
     record = load_record(out_dir, log)
     previous = {str(e.get("unit")): e for e in record["branches"] if isinstance(e, dict)}
     entries: dict[str, dict[str, Any]] = dict(previous)
+    claims = guard.preflight(
+        repo,
+        out_dir,
+        [(u.branch, f"{REF_PREFIX}{u.name}/head") for u in units],
+        [n for u in units for n in (f"{u.name}.md", f"{u.name}.range-diff.txt")] + ["summary.json"],
+        [out_dir / "worktrees" / u.name for u in units],
+        record,
+        force,
+    )
+    guard.pause("planned")
+    tags_before = _tags(repo)
+    txn = guard.Transaction(repo, out_dir, claims, log)
+    try:
+        results = _build_all(
+            repo, docs, units, units_all, reasons, txn,
+            base=base, pin_version=pin_version, pin_tag=pin_tag, pin_commit=pin_commit,
+            out_dir=out_dir, reports_dir=reports_dir, runner=runner,
+            fetch_release=fetch_release, rebase_report=rebase_report, series_base=series_base,
+            own_version=own_version, keep_trailers=keep_trailers, previous=previous,
+            entries=entries, log=log, place_upstream_tests=place_upstream_tests,
+            project=project,
+        )  # fmt: skip
+        failed = [r for r in results if not r.ok]
+        if failed:
+            log(
+                f"no branch was created or moved and no file written: {len(failed)} of "
+                f"{len(results)} branch(es) did not apply ("
+                + ", ".join(r.unit.branch for r in failed)
+                + "); fix those patches (or pick a --base where they apply) and run again"
+            )
+            _drop_new_tags(repo, tags_before, log)
+            return results
+        if not only:
+            gone = [name for name in entries if name not in {u.name for u in units_all}]
+            for name in gone:
+                log(f"{BRANCH_PREFIX}{name}: in the last record, no longer in the series (dropped)")
+                del entries[name]
+        txn.write("summary.json", json.dumps(summary_rows(results), indent=2) + "\n")
+        txn.commit()
+        owned = {k: v for k, v in guard.recorded_outputs(record).items() if v}
+        owned.update(guard.pending_outputs(out_dir))
+        owned = {k: v for k, v in owned.items() if k not in txn.removals}
+        owned.update(txn.written)
+        order = {u.name: i for i, u in enumerate(units_all)}
+        write_record(
+            out_dir,
+            {
+                "schema": RECORD_SCHEMA,
+                "repo": str(repo),
+                "series": str(Path(docs[0].path).parent) if docs else "",
+                "series_base": own_version,
+                "updated": _now(),
+                "branches": sorted(
+                    entries.values(), key=lambda e: order.get(str(e.get("unit")), 1 << 30)
+                ),
+                "outputs": dict(sorted(owned.items())),
+            },
+        )
+        txn.done()
+        txn.keep_forced_files()
+        return results
+    except BaseException:
+        txn.rollback()
+        _drop_new_tags(repo, tags_before, log)
+        log("split stopped: no branch was created or moved and the out dir is as it was")
+        raise
+    finally:
+        txn.close()
+
+
+def _tags(repo: Path) -> dict[str, str]:
+    out = _git(repo, "for-each-ref", "--format=%(refname) %(objectname)", "refs/tags").stdout
+    return dict(ln.split(" ", 1) for ln in out.splitlines() if " " in ln)
+
+
+def _drop_new_tags(repo: Path, before: dict[str, str], log: Callable[[str], None]) -> None:
+    """Remove the release tags this split fetched into REPO (a failed split leaves nothing)."""
+    for ref, sha in _tags(repo).items():
+        if ref not in before:
+            _git(repo, "update-ref", "-d", ref, sha, check=False)
+            log(f"{ref}: fetched by this split, removed again")
+
+
+def _build_all(
+    repo: Path,
+    docs: Sequence[PatchDoc],
+    units: Sequence[Unit],
+    units_all: Sequence[Unit],
+    reasons: dict[str, dict[str, list[str]]],
+    txn: guard.Transaction,
+    *,
+    base: str,
+    pin_version: str,
+    pin_tag: str,
+    pin_commit: str | None,
+    out_dir: Path,
+    reports_dir: Path,
+    runner: TestRunner | None,
+    fetch_release: Callable[[str], Path] | None,
+    rebase_report: Path | None,
+    series_base: str | None,
+    own_version: str,
+    keep_trailers: bool,
+    previous: dict[str, dict[str, Any]],
+    entries: dict[str, dict[str, Any]],
+    log: Callable[[str], None],
+    place_upstream_tests: bool = True,
+    project: Path | None = None,
+) -> list[SplitResult]:
+    """Build each unit's commits (detached), run its tests, stage its description, range-diff
+    and ref moves in TXN; nothing outside the worktrees is written here."""
+    results: list[SplitResult] = []
     for unit in units:
         want = base
         if base == "auto":
@@ -878,26 +1264,25 @@ def split(
         )
         version, tag = _base_names(want, pin_version, pin_tag)
         head_ref, prev_ref = _unit_ref(repo, unit, "head"), _unit_ref(repo, unit, "previous")
-        files = [d.path for d in unit.patches]
-        if not keep_trailers:
-            mbox = out_dir / "mbox" / unit.name
-            remove_tree_inside(mbox, out_dir)
-            mbox.mkdir(parents=True)
-            files = []
-            for d in unit.patches:
-                clean = inside(mbox / d.name, out_dir)
-                clean.write_text(strip_trailers(d.text), encoding="utf-8")
-                files.append(clean)
-        wt = out_dir / "worktrees" / unit.name
-        outcome = make_branch(
-            repo,
-            unit,
-            rev,
-            wt,
-            owner=out_dir,
-            three_way_fallback=version != own_version,
-            patch_files=files,
-        )
+        with tempfile.TemporaryDirectory(prefix="split-mbox-") as mbox_dir:
+            files = [d.path for d in unit.patches]
+            if not keep_trailers:
+                files = []
+                for d in unit.patches:
+                    clean = Path(mbox_dir) / d.name
+                    clean.write_text(strip_trailers(d.text), encoding="utf-8")
+                    files.append(clean)
+            wt = out_dir / "worktrees" / unit.name
+            outcome = make_branch(
+                repo,
+                unit,
+                rev,
+                wt,
+                owner=out_dir,
+                three_way_fallback=version != own_version,
+                patch_files=files,
+            )
+        guard.pause("branch-built")
         dep_units: list[str] = []
         dep_reasons: dict[str, list[str]] = {}
         for d in unit.deps:
@@ -922,56 +1307,94 @@ def split(
         )
         run, skip = runnable_tests(unit)
         res.skipped_tests = skip
+        if res.ok and place_upstream_tests:
+            placed, mapping, notes = place_tests(unit, wt, project or Path.cwd(), repo)
+            res.placed_tests = placed
+            res.head = _git(wt, "rev-parse", "HEAD").stdout.strip()
+            for n in notes:
+                log(f"{unit.branch}: test placement: {n}")
+            res.warnings += notes
+            run = upstream_test_ids(run, mapping) or run
+            res.test_ids = [t for t in run if t.split("::", 1)[0] in placed]
         if res.ok and runner is not None and run:
             res.tests = runner(wt, run)
-        body = inside(out_dir / f"{unit.name}.md", out_dir)
-        body.write_text(pr_description(res, reports_dir=reports_dir))
-        res.description = body
+        text = pr_description(res, reports_dir=reports_dir)
+        hard, soft = description_problems(text)
+        soft += [n for r in ("numerics.json", "bench.json") for n in report_notes(reports_dir / r)]
+        res.warnings += soft
+        for w in soft:
+            log(f"{unit.branch}: PR description, reword in the patch header: {w}")
+        if hard and res.ok:
+            res.ok = False
+            res.error = (
+                "its PR description speaks of this project, not to upstream ("
+                + "; ".join(hard)
+                + "): reword the patch's Why:/What: (or the reports it quotes) and split again"
+            )
+        res.description = txn.write(f"{unit.name}.md", text)
         results.append(res)
         names = ", ".join(p.name for p in unit.patches)
         if not res.ok:
             log(f"{unit.branch}: FAILED on {label}: {res.error}")
-            log(f"  PR description: {body}")
             continue
         how = " (with 3-way merges)" if res.applied == "three-way" else ""
         tests = f"; tests: {res.tests.summary()}" if res.tests else ""
         log(f"{unit.branch}: {len(unit.patches)} commit(s) on {label}{how} [{names}]{tests}")
-        log(f"  PR description: {body}")
+        log(f"  PR description: {res.description}")
         entry = record_entry(res, trailers_kept=keep_trailers, when=_now())
+        entry["upstream_tests"] = res.placed_tests
+        entry["description_warnings"] = res.warnings
         prev = previous.get(unit.name)
         res.change, rd = compare_with_previous(repo, res, prev, entry)
         entry["change"] = res.change
-        target = inside(out_dir / f"{unit.name}.range-diff.txt", out_dir)
+        name = f"{unit.name}.range-diff.txt"
         if rd:
-            target.write_text(rd)
-            res.range_diff = target
-            entry["range_diff"] = target.name
-        elif target.exists() or target.is_symlink():
-            target.unlink()  # a stale one from an earlier split would mislead
+            res.range_diff = txn.write(name, rd)
+            entry["range_diff"] = name
+        else:
+            txn.remove(name)  # a stale one from an earlier split would mislead
         if prev is not None and prev.get("head") and _rev(repo, str(prev["head"])):
-            _git(repo, "update-ref", prev_ref, str(prev["head"]))
-        _git(repo, "update-ref", head_ref, res.head)
+            txn.set_ref(prev_ref, str(prev["head"]))
+        txn.set_branch(unit.branch, res.head, head_ref)
+        txn.set_ref(head_ref, res.head)
         log(f"  {res.change}" + (f" (range-diff: {res.range_diff})" if res.range_diff else ""))
         if rd and not res.change.startswith("unchanged"):
             for ln in rd.rstrip("\n").splitlines():
                 log(f"    {ln}")
         entries[unit.name] = entry
-    if not only:
-        gone = [name for name in entries if name not in {u.name for u in units_all}]
-        for name in gone:
-            log(f"{BRANCH_PREFIX}{name}: in the last record, no longer in the series (dropped)")
-            del entries[name]
-    order = {u.name: i for i, u in enumerate(units_all)}
-    record = {
-        "schema": RECORD_SCHEMA,
-        "repo": str(repo),
-        "series": str(Path(docs[0].path).parent) if docs else "",
-        "series_base": own_version,
-        "updated": _now(),
-        "branches": sorted(entries.values(), key=lambda e: order.get(str(e.get("unit")), 1 << 30)),
-    }
-    write_record(out_dir, record)
     return results
+
+
+def summary_rows(results: Sequence[SplitResult]) -> list[dict[str, Any]]:
+    """``summary.json``: one row per branch of this split."""
+    rows = []
+    for r in results:
+        rows.append(
+            {
+                "branch": r.unit.branch,
+                "patches": [p.name for p in r.unit.patches],
+                "base": r.base,
+                "base_commit": r.base_rev,
+                "ok": r.ok,
+                "head": r.head,
+                "applied": r.applied,
+                "error": r.error,
+                "change": r.change,
+                "range_diff": str(r.range_diff) if r.range_diff else None,
+                "tests": None
+                if r.tests is None
+                else {
+                    "passed": r.tests.passed,
+                    "failed": r.tests.failed,
+                    "errors": r.tests.errors,
+                    "skipped": r.tests.skipped,
+                    "ok": r.tests.ok,
+                },
+                "description": str(r.description),
+                "depends_on_branches": [BRANCH_PREFIX + d for d in r.dep_units],
+            }
+        )
+    return rows
 
 
 def _default_python(root: Path) -> str:
@@ -1050,35 +1473,14 @@ def cmd_split(args: argparse.Namespace) -> int:
         ),
         series_base=args.series_base,
         keep_trailers=args.keep_trailers,
+        force=args.force or (),
+        project=root,
     )
-    summary = []
-    for r in results:
-        summary.append(
-            {
-                "branch": r.unit.branch,
-                "patches": [p.name for p in r.unit.patches],
-                "base": r.base,
-                "base_commit": r.base_rev,
-                "ok": r.ok,
-                "head": r.head,
-                "applied": r.applied,
-                "error": r.error,
-                "change": r.change,
-                "range_diff": str(r.range_diff) if r.range_diff else None,
-                "tests": None
-                if r.tests is None
-                else {
-                    "passed": r.tests.passed,
-                    "failed": r.tests.failed,
-                    "errors": r.tests.errors,
-                    "skipped": r.tests.skipped,
-                    "ok": r.tests.ok,
-                },
-                "description": str(r.description),
-                "depends_on_branches": [BRANCH_PREFIX + d for d in r.dep_units],
-            }
-        )
-    (out_dir / "summary.json").write_text(json.dumps(summary, indent=2) + "\n")
+    if any(not r.ok for r in results):
+        for r in results:
+            if not r.ok:
+                print(f"failed: {r.unit.branch}: {r.error}", file=sys.stderr)
+        return 1
     print(f"\nRecord: {out_dir / RECORD_FILE}")
     print("\nNothing was pushed. To open the PRs (in dependency order):")
     newest = lock.lines[-1].version if lock.lines else None
@@ -1148,6 +1550,13 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         "--out-dir",
         help="where descriptions, worktrees, split-record.json and range-diffs go "
         "(default: .work/split)",
+    )
+    p.add_argument(
+        "--force",
+        action="append",
+        metavar="NAME",
+        help="(repeatable) replace this branch (nvfp4-marlin/<unit>) or out-dir file "
+        "(<unit>.md, ...) although it is not split's; the old one is kept aside and named",
     )
     p.add_argument("--remote", default="origin", help="remote named in the printed push command")
     p.set_defaults(func=cmd_split)

@@ -102,6 +102,7 @@ def run_split(
     world: dict[str, Path], base_override: str = "pin", rel: Path | None = None, **kw: object
 ) -> list[sp.SplitResult]:
     docs = load_patch_docs(world["patches"])
+    kw.setdefault("log", lambda s: None)
     return sp.split(
         world["target"],
         docs,
@@ -112,7 +113,6 @@ def run_split(
         pin_commit=None,
         out_dir=world["root"] / "split",
         reports_dir=world["root"] / "reports",
-        log=lambda s: None,
         **kw,  # type: ignore[arg-type]
     )
 
@@ -166,8 +166,8 @@ def test_runner_gets_cpu_tests_and_counts_go_into_description(world: dict[str, P
     r = results[0]
     assert r.skipped_tests == ["gpu:tests/gpu/test_dense.py"]
     md = r.description.read_text() if r.description else ""
-    assert "FAILED: 3 passed, 1 failed" in md
-    assert "`gpu:tests/gpu/test_dense.py`" in md
+    assert "FAIL, 3 passed, 1 failed" in md
+    assert "gpu:" not in md  # GPU evidence comes from the reports, not the patch's entries
 
 
 def test_pr_description_sections_and_evidence(world: dict[str, Path]) -> None:
@@ -200,13 +200,12 @@ def test_pr_description_sections_and_evidence(world: dict[str, Path]) -> None:
         "## Motivation",
         "## Modifications",
         "## Accuracy Tests",
-        "## Benchmarking and Profiling",
+        "## Speed Tests and Profiling",
         "## Checklist",
     ]
     assert "Why Change a: a fact." in md
     assert "What Change a changes." in md
     assert "- `python/pkg/a.py`: +1 −1" in md
-    assert "- `tests/test_a.py`" in md  # declared, not run without a runner
     assert "| modelopt-dense | patched | 2 | 3.10e-03 | dtype=fp16, m=33" in md
     assert "| ct-moe | unpatched | 1 | 6.70e-01 |" in md
     assert "does not touch a kernel or a GEMM path" in md  # a.py is no GEMM path
@@ -214,11 +213,11 @@ def test_pr_description_sections_and_evidence(world: dict[str, Path]) -> None:
     unit.members[0].trailers["Tests"] += ", bench:bench/bench_fp4.py"  # declares a benchmark
     bench = "\n".join(sp.bench_evidence(unit, reports / "bench.json"))
     assert "| 4096x4096 | 1 | 10.0 | 1.50 | 0.80 | 0.40 | 1.10 |" in bench
-    # the tests live in this project, not in the branch: the checklist says so, not [x]
-    assert "- [ ] Unit tests added" in md
-    assert "The tests that prove it are in the downstream series so far." in md
-    assert sp.DOWNSTREAM_TESTS in md
-    assert "ran the tests." in md
+    # no test in upstream's tree on the branch: the box stays empty; nothing of this project
+    assert "- [ ] Add unit tests" in md
+    assert "- [x] Provide accuracy and speed benchmark results" in md
+    assert sp.description_problems(md) == ([], [])
+    assert "ran the tests." not in md  # How verified: speaks of this project's test run
     assert "Upstream status" not in md and "Upstream-Status" not in md
 
 
@@ -466,8 +465,9 @@ def line(world: dict[str, Path]) -> dict[str, Path]:
     rel = _release(
         root,
         "0.0.2",
-        {"python/pkg/__init__.py": "", "python/pkg/a.py": REL_A, "python/pkg/b.py": "B = 1\n"},
-    )
+        {"python/pkg/__init__.py": "", "python/pkg/a.py": REL_A, "python/pkg/b.py": "B = 1\n",
+         **CI_REGISTER},
+    )  # fmt: skip
     project = root / "project"
     write(
         project,
@@ -476,6 +476,15 @@ def line(world: dict[str, Path]) -> dict[str, Path]:
         "    assert pkg.a.NEW_IN_002\n\n\ndef test_b():\n    assert pkg.b.B == 22\n",
     )
     return {**world, "rel": rel, "line": _line_series(root, rel, "0.0.2"), "project": project}
+
+
+# SGLang's CI registration module, as the placed tests import it
+CI_REGISTER = {
+    "python/sglang/__init__.py": "",
+    "python/sglang/test/__init__.py": "",
+    "python/sglang/test/ci/__init__.py": "",
+    "python/sglang/test/ci/ci_register.py": "def register_cpu_ci(*args, **kw):\n    return None\n",
+}
 
 
 def split_line(line: dict[str, Path], **kw: object) -> list[sp.SplitResult]:
@@ -518,12 +527,11 @@ def test_line_on_its_own_newer_base_applies_exactly_and_runs_its_tests(
         "## Motivation",
         "## Modifications",
         "## Accuracy Tests",
-        "## Benchmarking and Profiling",
+        "## Speed Tests and Profiling",
         "## Checklist",
     ]
     assert "Why Line other b: a fact." in md and "What Line other b changes." in md
-    assert "How it was verified (from the commit message):\n\nran the tests." in md
-    assert "passed: 1 passed, 0 failed" in md and "on release v0.0.2" in md
+    assert "pass, 1 passed, 0 failed" in md and "on release v0.0.2" in md
     assert "Not applicable: this change does not touch a kernel" in md
     assert "- `nvfp4-marlin/line-change-a`: " in md  # merge-first dependency named
 
@@ -731,3 +739,151 @@ def test_auto_base_falls_back_to_the_series_own_release(tmp_path: Path) -> None:
     assert auto_base(unit, matrix, "0.5.23") == "0.5.24"  # type: ignore[arg-type]
     matrix.write_text(json.dumps({"releases": ["0.5.24"], "verdicts": {}}))
     assert auto_base(unit, matrix, "0.5.23") == "0.5.23"  # type: ignore[arg-type]
+
+
+# --- tests in upstream's tree; descriptions addressed to upstream (issue 22) ------------------
+
+
+def test_the_branch_commit_carries_its_test_in_upstreams_tree_and_it_runs_there(
+    line: dict[str, Path],
+) -> None:
+    runner = sp.pytest_runner(sys.executable, line["project"])
+    results = split_line(line, runner=runner, project=line["project"])
+    b = results[1]
+    dest = f"{sp.UPSTREAM_TEST_DIR}/test_line.py"
+    assert b.placed_tests == [dest]
+    t = line["target"]
+    # in the member's own commit, beside the fix
+    show = git(t, "show", "--stat", "--format=%s", "nvfp4-marlin/line-b")
+    assert "[Quant] Line other b" in show and dest in show and "python/pkg/b.py" in show
+    placed = git(t, "show", f"nvfp4-marlin/line-b:{dest}")
+    assert 'register_cpu_ci(est_time=60, suite="base-a-test-cpu")' in placed
+    assert 'if __name__ == "__main__":' in placed
+    # run in the branch's tree, at its upstream path
+    assert b.tests is not None and b.tests.ok and b.tests.passed == 1, b.tests.tail
+    assert any(dest + "::test_b" in c for c in b.tests.command)
+    md = b.description.read_text()  # type: ignore[union-attr]
+    assert f"python3 -m pytest -q {dest}::test_b" in md
+    assert "- [x] Add unit tests" in md and f"- `{dest}` (new)" in md
+    assert sp.description_problems(md)[0] == []
+    # the committer date stays the author date: a re-split gives the same head
+    again = split_line(line, runner=runner, project=line["project"])
+    assert again[1].head == b.head
+
+
+def test_upstream_tests_trailer_names_the_upstream_path(line: dict[str, Path]) -> None:
+    p = line["line"] / "0002-line-other-b.patch"
+    p.write_text(
+        p.read_text().replace(
+            "Group: line-b\n",
+            "Group: line-b\nUpstream-Tests: tests/test_line.py=test/registered/quant/test_b.py\n",
+        )
+    )
+    results = split_line(line, project=line["project"])
+    assert results[1].placed_tests == ["test/registered/quant/test_b.py"]
+    assert "Upstream-Tests" not in git(
+        line["target"], "log", "-1", "--format=%B", "nvfp4-marlin/line-b"
+    )
+
+
+def test_description_check_names_this_project_and_its_machines() -> None:
+    hard, soft = sp.description_problems(
+        "Built with fp4series.\nOn the shared 2-core CPU machine.\n"
+        "See tests/sglang-0.5.23/test_x.py and .work/venv.\nthe series on v0.5.11 does it.\n"
+        "Not yet re-measured on a GPU.\nThe helper cannot run on SM70.\n"
+        "The downstream layers read it.\nThese are downstream tests.\n"
+    )
+    assert [h.split(":")[0] for h in hard] == ["line 1", "line 2", "line 3"]
+    assert [w.split(":")[0] for w in soft] == ["line 4", "line 5", "line 8"]
+
+
+def test_a_description_naming_this_project_fails_the_split(world: dict[str, Path]) -> None:
+    p = world["patches"] / "0002-other-b.patch"
+    p.write_text(p.read_text().replace("Why Other b: a fact.", "Why Other b: fp4series needs it."))
+    before = git(world["target"], "for-each-ref")
+    results = run_split(world)
+    (bad,) = [r for r in results if not r.ok]
+    assert bad.unit.name == "other-b" and "speaks of this project" in bad.error
+    assert "names this project" in bad.error
+    assert git(world["target"], "for-each-ref") == before  # all or nothing
+
+
+def test_a_report_command_of_this_project_is_not_quoted(world: dict[str, Path]) -> None:
+    reports = world["root"] / "reports"
+    reports.mkdir()
+    case = {"path": "modelopt-dense", "dtype": "fp16", "m": 1, "n": 64, "k": 64, "rel_l2": 3e-4}
+    head = {"device": "NVIDIA H200", "date": "2026-12-01T11:53:33+00:00", "cases": [case]}
+    own = {**head, "command": "scripts/gpu-proof.sh --bundle bundle --stages numerics"}
+    (reports / "numerics.json").write_text(json.dumps(own))
+    logs: list[str] = []
+    (r,) = run_split(world, only=["change-a"], log=logs.append)
+    md = r.description.read_text()  # type: ignore[union-attr]
+    assert "GPU accuracy, NVIDIA H200, 2026-12-01:" in md and "gpu-proof" not in md
+    assert r.ok and any("record one a reviewer can run" in w for w in r.warnings), r.warnings
+    assert any("record one a reviewer can run" in ln for ln in logs)
+    runnable = {**head, "command": "python3 -m pytest -q test/registered/quant/test_x.py"}
+    (reports / "numerics.json").write_text(json.dumps(runnable))
+    (r,) = run_split(world, only=["change-a"])
+    md = r.description.read_text()  # type: ignore[union-attr]
+    assert "made by `python3 -m pytest -q test/registered/quant/test_x.py`" in md
+
+
+def test_a_placed_test_that_names_this_project_is_named_for_its_author(
+    line: dict[str, Path],
+) -> None:
+    t = line["project"] / "tests/test_line.py"
+    t.write_text(t.read_text() + "\n# run it with .work/venv (fp4series)\n")
+    logs: list[str] = []
+    results = split_line(line, project=line["project"], log=logs.append)
+    b = results[1]
+    assert b.ok  # the test is the project's to reword; the description stays clean
+    dest = f"{sp.UPSTREAM_TEST_DIR}/test_line.py"
+    assert any(dest in w and "reword it in the test" in w for w in b.warnings), b.warnings
+    assert any("reword it in the test" in ln for ln in logs)
+
+
+def test_without_a_git_identity_the_committer_is_the_author_not_this_tooling(
+    line: dict[str, Path], monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    empty = tmp_path / "no-gitconfig"
+    empty.write_text("")
+    monkeypatch.setenv("GIT_CONFIG_GLOBAL", str(empty))
+    monkeypatch.setenv("GIT_CONFIG_NOSYSTEM", "1")
+    for var in ("GIT_COMMITTER_NAME", "GIT_COMMITTER_EMAIL", "EMAIL"):
+        monkeypatch.delenv(var, raising=False)
+    split_line(line, project=line["project"])
+    t = line["target"]
+    for branch in ("nvfp4-marlin/line-change-a", "nvfp4-marlin/line-b"):
+        who = git(t, "log", "-1", "--format=%an <%ae>|%cn <%ce>", branch).strip()
+        assert who == "Author One <a@example.com>|Author One <a@example.com>", who
+
+
+def test_support_files_are_the_conftest_and_the_sibling_modules_imported(tmp_path: Path) -> None:
+    d = tmp_path / "tests" / "sglang-9.9"
+    write(d, "conftest.py", 'import importlib\nimportlib.import_module("_types_99")\n')
+    write(d, "_types_99.py", "")
+    write(d, "_helpers.py", "import torch\n")
+    write(d, "test_matrix.py", "from _helpers import x\n")
+    write(d, "test_unrelated.py", "")
+    write(d, "test_fused.py", "import pytest\nfrom test_matrix import build\n")
+    got = sp._support_files(tmp_path, d / "test_fused.py")
+    assert sorted(p.name for p in got) == [
+        "_helpers.py",
+        "_types_99.py",
+        "conftest.py",
+        "test_matrix.py",
+    ]
+
+
+def test_a_failed_split_leaves_no_release_tag_it_fetched(world: dict[str, Path]) -> None:
+    rel = _release(
+        world["root"],
+        "0.0.2",
+        {"python/pkg/__init__.py": "", "python/pkg/a.py": REL_A, "python/pkg/b.py": "B = 1\n"},
+    )
+    before = git(world["target"], "for-each-ref")
+    logs: list[str] = []
+    (res,) = run_split(world, "0.0.2", rel, only=["change-a"], series_base="0.0.2", log=logs.append)
+    assert not res.ok  # exact only on its own base, and a context line changed in 0.0.2
+    assert git(world["target"], "for-each-ref") == before  # no branch, no tag v0.0.2
+    assert any("refs/tags/v0.0.2: fetched by this split, removed again" in ln for ln in logs)
