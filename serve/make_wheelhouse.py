@@ -69,14 +69,17 @@ HOST = {
     "sentencepiece": "0.2.2",
     "tiktoken": "0.14.0",
     "accelerate": "1.15.0",
-    # Also in the image's package list (scipy for the checkpoint producers, pillow for the
-    # engine's multimodal imports); the resolver's stand-ins carry the versions this project
-    # pins, the image's own copies are what runs there.
+    # Also in the image (scipy for the checkpoint producers, pillow for the engine's
+    # multimodal imports): the stand-ins carry the versions this project pins, so that the
+    # resolution stays the same; the image's own copies (IMAGE_VERSIONS) are what runs there.
     "scipy": "1.17.1",
     "pillow": "13.0.0",
     "nvidia-ml-py": "13.615.71",
     "setuptools": "81.0.0",
 }
+# The image's versions where they differ from the stand-ins (pip list there, 2026-12-02); the
+# end-to-end run used these.
+IMAGE_VERSIONS = {"scipy": "1.18.1", "pillow": "12.3.0", "nvidia-ml-py": "13.610.43"}
 
 # Imported unconditionally on the engine's or the server's start path, yet absent from the pin's
 # Requires-Dist: upstream gets them only through requirements left out below.
@@ -122,7 +125,12 @@ LEFT_OUT = {
     "decord2": "aarch64/arm only (environment marker)",
     "av": "aarch64/arm only (environment marker)",
 }
-LEFT_OUT.update({name: "already in the host image at " + ver for name, ver in HOST.items()})
+LEFT_OUT.update(
+    {
+        name: "already in the host image at " + IMAGE_VERSIONS.get(name, ver)
+        for name, ver in HOST.items()
+    }
+)
 
 # Shared objects inside sglang-kernel that the triton/flashinfer attention backends on SM90
 # never load. sgl_kernel/__init__.py loads sm90/common_ops on SM90, and sgl_kernel/flash_attn.py
