@@ -20,6 +20,10 @@ Both source layouts are supported, and everything is discovered from the tree, n
   (0.5.17+: its ``_load`` returns the path instead of loading, and the ``.so`` is copied out of the
   staging directory).
 
+A ``MODULE@fp4`` target builds the module the same way from a copy of its dispatch source
+reduced to the FP4 kernels (``fp4series.marlin_dispatch``): the parent writes the copy, the
+worker hands it to the wrapper's ``load_jit`` in place of the tree's file.
+
 The parent side (``run_compile_checks``) is stdlib-only: it hashes the inputs of each target
 (the module's sources and what they include, the JIT headers, the loader package, the wrapper,
 nvcc and tvm-ffi versions) and skips a target whose stamp in ``.work/cache/compile/`` already
@@ -637,7 +641,8 @@ def _swap_cuda_files(wrapper: object, pairs: Sequence[str]) -> _Swaps:
     real = getattr(wrapper, "load_jit", None)
     if real is None:
         raise SystemExit(f"{getattr(wrapper, '__name__', wrapper)} has no module-level load_jit "
-                         "to hand the reduced source to")  # fmt: skip
+                         "to hand the reduced source to; build the full module (the target "
+                         "without @SET)")  # fmt: skip
 
     def load_jit_staged(*args: object, cuda_files: Sequence[str] | None = None,
                         **kwargs: object) -> object:  # fmt: skip
@@ -730,8 +735,9 @@ def _worker(
         return 1
     unused = sorted(set(swapped) - set(swapped.used))
     if unused:
-        print(f"{py_module}.{loader} never asked load_jit for {', '.join(unused)}: the reduced "
-              "source(s) were not built", file=sys.stderr)  # fmt: skip
+        print(f"{py_module}.{loader} never asked load_jit for {', '.join(unused)}, so the reduced "
+              "source was not what got built; build the full module (the target without @SET) "
+              "and see which cuda_files the loader passes now", file=sys.stderr)  # fmt: skip
         return 1
     ninja = out / "build.ninja"
     flag_lines = [ln for ln in ninja.read_text().splitlines()
