@@ -81,8 +81,9 @@ DEFAULT_TARGETS = (
 )
 #: Added when the patched templates carry a Turing (SM75) code path (the repacks take ~6 s each).
 TURING_TARGETS = (
-    "gptq_marlin@fp4:fp16:sm_75",
-    "moe_wna16_marlin@fp4:fp16:sm_75",
+    # the Turing patch moves every kernel body to SM75: its FP4 kernels and one of each variant
+    "gptq_marlin@fp4v:fp16:sm_75",
+    "moe_wna16_marlin@fp4v:fp16:sm_75",
     "gptq_marlin_repack:-:sm_75",
     "awq_marlin_repack:-:sm_75",
 )
@@ -462,7 +463,8 @@ def stage_kernel_set(target: Target, layout: JitLayout, out_dir: Path) -> tuple[
         if marlin_dispatch.DISPATCH_FUNCTION not in source.read_text(errors="replace"):
             continue
         dest = out_dir / "reduced" / rel
-        reduction = marlin_dispatch.write_reduced(source, dest, keep)
+        variants = target.kernels in marlin_dispatch.VARIANT_SETS
+        reduction = marlin_dispatch.write_reduced(source, dest, keep, variants=variants)
         args += ["--cuda-file", f"{rel}={dest.resolve()}"]
         notes.append(reduction.summary(keep))
     if not args:

@@ -18,7 +18,7 @@ Stdlib only: the compile check's parent process uses it.
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from fp4series.errors import SeriesError
@@ -27,7 +27,11 @@ DISPATCH_FUNCTION = "get_marlin_kernel_impl"
 LEAF_MACRO = "_GET_IF"
 #: Named kernel sets: the weight types (as the dispatch names them, ``host::k...``) a reduced
 #: module keeps. ``fp4``: float4_e2m1f, NVFP4 (group_blocks 1) and MXFP4 (group_blocks 2).
-KERNEL_SETS: dict[str, tuple[str, ...]] = {"fp4": ("kFE2M1f",)}
+KERNEL_SETS: dict[str, tuple[str, ...]] = {"fp4": ("kFE2M1f",), "fp4v": ("kFE2M1f",)}
+#: Sets that also build one kernel of every other variant (weight type, group_blocks,
+#: zero-point type, m_block_size_8): where the series changes every kernel body (SM75),
+#: a compile error in another type's code path still shows, at ~35 kernels instead of 270.
+VARIANT_SETS = frozenset({"fp4v"})
 _LEAF_FIELDS = ("w_type", "m_blocks", "n_blocks", "k_blocks", "m_block_size_8", "group_blocks",
                 "threads", "zp_float")  # fmt: skip
 
@@ -44,6 +48,17 @@ class Kernel:
     group_blocks: str
     threads: str
     zp_float: str
+    raw_type: str = field(default="", compare=False)  # W_TYPE as written, e.g. host::kU4
+
+    @property
+    def variant(self) -> tuple[str, str, str, str]:
+        """What selects a different code path in the template (tile sizes do not)."""
+        return (self.w_type, self.group_blocks, self.zp_float, self.m_block_size_8)
+
+    def call(self) -> str:
+        """The ``_GET_IF(...)`` statement that instantiates this kernel alone."""
+        fields = [self.raw_type or self.w_type, *(getattr(self, f) for f in _LEAF_FIELDS[1:])]
+        return f"{LEAF_MACRO}({', '.join(fields)})"
 
     def __str__(self) -> str:
         return f"{LEAF_MACRO}({', '.join(getattr(self, f) for f in _LEAF_FIELDS)})"
@@ -54,10 +69,12 @@ class Reduction:
     text: str  # the reduced source
     kept: tuple[Kernel, ...]
     dropped: tuple[Kernel, ...]
+    variants: bool = False
 
     def summary(self, keep: tuple[str, ...]) -> str:
         total = len(self.kept) + len(self.dropped)
-        return f"{len(self.kept)} of {total} dispatch kernels ({'+'.join(keep)})"
+        extra = " + one of each other variant" if self.variants else ""
+        return f"{len(self.kept)} of {total} dispatch kernels ({'+'.join(keep)}{extra})"
 
 
 _DEFINE = re.compile(r"^[ \t]*#[ \t]*define[ \t]+(\w+)\(([^)]*)\)(.*)$")
@@ -131,7 +148,7 @@ def _leaves(text: str, macros: dict[str, tuple[list[str], str]], depth: int = 0)
                     "the new form, or compile the full module (a target without @SET)",
                 )
             fields = [args[0].rpartition("::")[2], *args[1:]]
-            found.append(Kernel(*fields))
+            found.append(Kernel(*fields, raw_type=args[0]))
             continue
         params, body = macros[name]
         if len(params) != len(args):
@@ -174,16 +191,19 @@ def dispatch_kernels(text: str) -> list[Kernel]:
     return _leaves(_strip_comments(text)[start:end], function_macros(text))
 
 
-def reduce_source(text: str, keep: tuple[str, ...]) -> Reduction:
+def reduce_source(text: str, keep: tuple[str, ...], *, variants: bool = False) -> Reduction:
     """TEXT with every dispatch statement that instantiates only other weight types than KEEP
     commented out. A statement that mixes kept and other types stays (more is compiled, nothing
-    of KEEP is lost). Raises when the result would lose a kept kernel or keep none."""
+    of KEEP is lost). VARIANTS: in place of a dropped statement, one ``_GET_IF`` for each
+    kernel variant (``Kernel.variant``) not built yet. Raises when the result would lose a kept
+    kernel (or, with VARIANTS, a variant) or keep none."""
     macros = function_macros(text)
     start, end = _dispatch_span(text)
     body = text[start:end]
     clean = _strip_comments(body)  # same offsets as BODY
     pieces: list[str] = []
     dropped: list[Kernel] = []
+    seen: set[tuple[str, str, str, str]] = set()
     cursor = pos = 0
     while m := _INVOCATION.search(clean, pos):
         if m.group(1) not in macros and m.group(1) != LEAF_MACRO:
@@ -197,21 +217,42 @@ def reduce_source(text: str, keep: tuple[str, ...]) -> Reduction:
                 body[cursor : m.start()],
                 f"/* fp4series compile check: not built: {call} */",
             ]
-            dropped += leaves
+            for k in leaves:
+                if variants and k.variant not in seen:
+                    seen.add(k.variant)
+                    pieces.append(f" {k.call()}")
+                else:
+                    dropped.append(k)
             cursor = after
+        else:
+            seen.update(k.variant for k in leaves)
         pos = after
     pieces.append(body[cursor:])
     reduced = text[:start] + "".join(pieces) + text[end:]
-    kept = verify_reduction(text, reduced, keep)
-    return Reduction(reduced, tuple(kept), tuple(dropped))
+    kept = verify_reduction(text, reduced, keep, variants=variants)
+    return Reduction(reduced, tuple(kept), tuple(dropped), variants)
 
 
-def verify_reduction(full: str, reduced: str, keep: tuple[str, ...]) -> list[Kernel]:
+def verify_reduction(
+    full: str, reduced: str, keep: tuple[str, ...], *, variants: bool = False
+) -> list[Kernel]:
     """The kernels REDUCED's dispatch builds; raises unless that includes every kernel of
-    KEEP's weight types that FULL's dispatch defines (and at least one)."""
+    KEEP's weight types that FULL's dispatch defines (and at least one), and with VARIANTS a
+    kernel of every variant FULL has."""
     kept = dispatch_kernels(reduced)
-    want = [k for k in dispatch_kernels(full) if k.w_type in keep]
+    every = dispatch_kernels(full)
+    want = [k for k in every if k.w_type in keep]
     missing = [k for k in want if k not in kept]
+    if variants:
+        have = {k.variant for k in kept}
+        lost = sorted({k.variant for k in every} - have)
+        if lost:
+            raise SeriesError(
+                f"the reduced Marlin dispatch builds no kernel of {len(lost)} variant(s) the "
+                f"module has, e.g. {', '.join(lost[0])}",
+                hint="compile the full module (a target without @SET) and fix "
+                "fp4series.marlin_dispatch.reduce_source",
+            )
     if missing or not want:
         raise SeriesError(
             f"the reduced Marlin dispatch builds {len(want) - len(missing)} of the "
@@ -234,10 +275,13 @@ def absolute_includes(text: str, folder: Path) -> str:
     return _QUOTED_INCLUDE.sub(fix, text)
 
 
-def write_reduced(source: Path, dest: Path, keep: tuple[str, ...]) -> Reduction:
-    """Write SOURCE with its dispatch reduced to KEEP's weight types to DEST (its quoted
-    includes pointing at SOURCE's folder); returns what was kept and dropped."""
-    reduction = reduce_source(source.read_text(), keep)
+def write_reduced(
+    source: Path, dest: Path, keep: tuple[str, ...], *, variants: bool = False
+) -> Reduction:
+    """Write SOURCE with its dispatch reduced to KEEP's weight types (VARIANTS: plus one kernel
+    of every other variant) to DEST, its quoted includes pointing at SOURCE's folder; returns
+    what was kept and dropped."""
+    reduction = reduce_source(source.read_text(), keep, variants=variants)
     dest.parent.mkdir(parents=True, exist_ok=True)
     header = (
         f"// fp4series compile check: {source.name} with its Marlin dispatch reduced to "

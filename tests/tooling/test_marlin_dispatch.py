@@ -177,3 +177,17 @@ def test_the_patched_templates_reduce_to_all_their_fp4_kernels(source: Path | No
     if "marlin_moe" in source.parts:
         assert {k.group_blocks for k in fp4} == {"1", "2"}  # + MXFP4 (E8M0 scales)
     assert len(red.kept) * 8 < len(full)
+
+
+def test_the_variant_set_adds_one_kernel_of_every_other_variant() -> None:
+    red = md.reduce_source(DISPATCH, FP4, variants=True)
+    others = [k for k in red.kept if k.w_type != "kFE2M1f"]
+    # kU4, kU4B8, kU8B128 each with (group -1, m8 true) and (group 4, m8 false)
+    assert len(others) == 6 and len({k.variant for k in others}) == 6
+    assert " _GET_IF(host::kU4, 1, 8, 8, true, -1, 256, false)" in red.text
+    assert sum(k.w_type == "kFE2M1f" for k in red.kept) == 4
+    # a reduction that loses a variant is refused
+    lost = red.text.replace(" _GET_IF(host::kU8B128, 1, 8, 8, false, 4, 256, false)", "")
+    assert lost != red.text
+    with pytest.raises(SeriesError, match="no kernel of 1 variant"):
+        md.verify_reduction(DISPATCH, lost, FP4, variants=True)
