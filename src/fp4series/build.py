@@ -696,7 +696,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         action="store_true",
         help="build even if the base's files differ from the pinned wheel's RECORD",
     )
-    p.add_argument("--compile-targets", help="comma list MODULE:DTYPE:ARCH, or 'none' "
+    p.add_argument("--compile-targets", help="comma list MODULE[@SET]:DTYPE:ARCH, 'full' "
+                   "(the defaults as whole modules) or 'none' "
                    f"(default: {', '.join(compile_check.DEFAULT_TARGETS)}"
                    " + SM75 targets when the templates have a Turing path)")  # fmt: skip
     p.add_argument("--force-compile", action="store_true", help="ignore the compile stamps")

@@ -20,6 +20,10 @@ Both source layouts are supported, and everything is discovered from the tree, n
   (0.5.17+: its ``_load`` returns the path instead of loading, and the ``.so`` is copied out of the
   staging directory).
 
+A ``MODULE@fp4`` target builds the module the same way from a copy of its dispatch source
+reduced to the FP4 kernels (``fp4series.marlin_dispatch``): the parent writes the copy, the
+worker hands it to the wrapper's ``load_jit`` in place of the tree's file.
+
 The parent side (``run_compile_checks``) is stdlib-only: it hashes the inputs of each target
 (the module's sources and what they include, the JIT headers, the loader package, the wrapper,
 nvcc and tvm-ffi versions) and skips a target whose stamp in ``.work/cache/compile/`` already
@@ -31,6 +35,7 @@ from __future__ import annotations
 
 import argparse
 import ast
+import dataclasses
 import functools
 import hashlib
 import json
@@ -45,6 +50,7 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 
+from fp4series import marlin_dispatch
 from fp4series.errors import SeriesError
 
 #: The Marlin JIT modules this check knows, by the name their wrapper passes to ``load_jit``.
@@ -55,19 +61,33 @@ MODULES: tuple[str, ...] = (
     "gptq_marlin_repack",
     "awq_marlin_repack",
 )
+#: The GEMM modules: their kernel dispatch can be reduced to a kernel set (``MODULE@SET``).
+GEMM_MODULES = ("gptq_marlin", "moe_wna16_marlin")
 DTYPES = ("fp16", "bf16")
 #: Dtype field of a module whose loader takes no activation dtype (the repack modules).
 NO_DTYPE = "-"
 
-#: The cold check stays near 15 minutes on 2 cores (~3.5 min per module, dtype and arch).
-DEFAULT_TARGETS = ("gptq_marlin:bf16:sm_90", "moe_wna16_marlin:fp16:sm_80")
+#: What the series changes in the GEMM templates is FP4 (float4_e2m1f) code: the FP4 scale
+#: stride (SM80+) and the Turing path (SM75 fp16). The default targets build those modules
+#: with the dispatch reduced to its FP4 kernels (``@fp4``: 15 of 270 dense, 20 of 180 MoE),
+#: all host code included (dense SM75: 40 s of CPU where the full module took 470 s), so each
+#: template is built for SM80 and SM90, one in fp16 and one in bf16. ``full``
+#: (FP4SERIES_COMPILE_TARGETS=full) builds the same targets as whole modules.
+DEFAULT_TARGETS = (
+    "gptq_marlin@fp4:bf16:sm_90",
+    "moe_wna16_marlin@fp4:fp16:sm_80",
+    "gptq_marlin@fp4:fp16:sm_80",
+    "moe_wna16_marlin@fp4:bf16:sm_90",
+)
 #: Added when the patched templates carry a Turing (SM75) code path (the repacks take ~6 s each).
 TURING_TARGETS = (
-    "gptq_marlin:fp16:sm_75",
-    "moe_wna16_marlin:fp16:sm_75",
+    # the Turing patch moves every kernel body to SM75: its FP4 kernels and one of each variant
+    "gptq_marlin@fp4v:fp16:sm_75",
+    "moe_wna16_marlin@fp4v:fp16:sm_75",
     "gptq_marlin_repack:-:sm_75",
     "awq_marlin_repack:-:sm_75",
 )
+FULL = "full"  # the spec that builds the default targets as whole modules
 #: How a Turing path shows in the templates: an arch guard at 750 that moves a threshold
 #: (``< 750`` stubs, ``>= 750`` helpers) or a named marker. ``== 750`` alone is not one:
 #: upstream 0.5.23's MoE template has an ``__CUDA_ARCH__ == 750`` shuffle fallback for
@@ -84,14 +104,17 @@ MAX_JOBS = 2
 @dataclass(frozen=True)
 class Target:
     """One JIT module build: module, activation dtype, GPU arch (``sm_90``, ``sm_90a``), and
-    the loader's boolean parameters to set (``MODULE:DTYPE:ARCH[:FLAG+FLAG]``, e.g.
+    the loader's boolean parameters to set (``MODULE[@SET]:DTYPE:ARCH[:FLAG+FLAG]``, e.g.
     ``moe_wna16_marlin:fp16:sm_75:expert_ids_are_sorted+has_inactive_prefix_count``); every
-    other boolean parameter without a default is False, the rest keep their defaults."""
+    other boolean parameter without a default is False, the rest keep their defaults.
+    ``@SET`` (a GEMM module only, e.g. ``gptq_marlin@fp4``) builds the module with its kernel
+    dispatch reduced to that kernel set (``marlin_dispatch.KERNEL_SETS``)."""
 
     module: str
     dtype: str
     arch: str
     flags: tuple[str, ...] = ()
+    kernels: str | None = None  # a marlin_dispatch.KERNEL_SETS name; None: every kernel
 
     @classmethod
     def parse(cls, text: str) -> Target:
@@ -99,14 +122,28 @@ class Target:
         if len(parts) not in (3, 4):
             raise SeriesError(
                 f"bad compile target {text!r}",
-                hint="write MODULE:DTYPE:ARCH[:FLAG+FLAG], e.g. gptq_marlin:bf16:sm_90",
+                hint="write MODULE[@SET]:DTYPE:ARCH[:FLAG+FLAG], e.g. gptq_marlin:bf16:sm_90 "
+                "or gptq_marlin@fp4:fp16:sm_75",
             )
         module, dtype, arch = parts[:3]
+        module, _, kernels = module.partition("@")
         flags = tuple(f for f in parts[3].split("+") if f) if len(parts) == 4 else ()
         if module not in MODULES:
             raise SeriesError(
                 f"unknown JIT module {module!r} in compile target {text!r}",
                 hint=f"use one of {', '.join(MODULES)}",
+            )
+        if kernels and kernels not in marlin_dispatch.KERNEL_SETS:
+            raise SeriesError(
+                f"unknown kernel set {kernels!r} in compile target {text!r}",
+                hint=f"use one of {', '.join('@' + k for k in marlin_dispatch.KERNEL_SETS)}, "
+                "or no @SET for the full module",
+            )
+        if kernels and module not in GEMM_MODULES:
+            raise SeriesError(
+                f"{module} has no kernel dispatch to reduce ({text!r})",
+                hint=f"@SET applies to {' and '.join(GEMM_MODULES)}; write {module}:{dtype}:"
+                f"{arch} (the full module)",
             )
         if dtype not in (*DTYPES, NO_DTYPE):
             raise SeriesError(
@@ -121,13 +158,18 @@ class Target:
                     f"bad loader flag {flag!r} in {text!r}",
                     hint="flags are the loader's parameter names, joined by +",
                 )
-        return cls(module, dtype, arch, flags)
+        return cls(module, dtype, arch, flags, kernels or None)
+
+    @property
+    def module_spec(self) -> str:
+        """``gptq_marlin`` or, reduced to a kernel set, ``gptq_marlin@fp4``."""
+        return f"{self.module}@{self.kernels}" if self.kernels else self.module
 
     @property
     def name(self) -> str:
         dtype = "nodtype" if self.dtype == NO_DTYPE else self.dtype
         extra = "-" + "+".join(self.flags) if self.flags else ""
-        return f"{self.module}-{dtype}-{self.arch}{extra}"
+        return f"{self.module_spec}-{dtype}-{self.arch}{extra}"
 
     @property
     def major_minor_suffix(self) -> tuple[int, int, str]:
@@ -137,7 +179,7 @@ class Target:
 
     def __str__(self) -> str:
         extra = ":" + "+".join(self.flags) if self.flags else ""
-        return f"{self.module}:{self.dtype}:{self.arch}{extra}"
+        return f"{self.module_spec}:{self.dtype}:{self.arch}{extra}"
 
 
 @dataclass
@@ -146,6 +188,7 @@ class CompileResult:
     status: str  # "cached" | "built" | "failed"
     seconds: float
     detail: str = ""
+    kernels: str = ""  # for a MODULE@SET target: what its reduced dispatch builds
 
 
 # --------------------------------------------------------------------------------------------
@@ -339,16 +382,19 @@ def has_turing_path(sglang_dir: Path) -> bool:
 
 
 def select_targets(sglang_dir: Path, spec: str | None = None) -> list[Target]:
-    """Targets from ``spec`` / $FP4SERIES_COMPILE_TARGETS, else the defaults (+ SM75 if present)."""
+    """Targets from ``spec`` / $FP4SERIES_COMPILE_TARGETS, else the defaults (+ SM75 if
+    present); ``full``: the defaults as whole modules (no kernel set)."""
     spec = spec if spec is not None else os.environ.get(ENV_TARGETS)
-    if spec is not None:
+    full = spec is not None and spec.strip().lower() == FULL
+    if spec is not None and not full:
         if spec.strip().lower() in {"", "none", "off"}:
             return []
         return [Target.parse(t) for t in spec.split(",") if t.strip()]
     names = list(DEFAULT_TARGETS)
     if has_turing_path(sglang_dir):
         names += TURING_TARGETS
-    return [Target.parse(t) for t in names]
+    targets = [Target.parse(t) for t in names]
+    return [dataclasses.replace(t, kernels=None) for t in targets] if full else targets
 
 
 def _hash_tree(h: hashlib._Hash, root: Path, base: Path) -> None:
@@ -399,7 +445,35 @@ def target_key(target: Target, sglang_dir: Path, python: Path, nvcc: str) -> str
         ).encode()
     )
     h.update(Path(__file__).read_bytes())  # the worker decides flags too
+    h.update(Path(marlin_dispatch.__file__).read_bytes())  # ... and what a kernel set keeps
     return h.hexdigest()
+
+
+def stage_kernel_set(target: Target, layout: JitLayout, out_dir: Path) -> tuple[list[str], str]:
+    """For a ``MODULE@SET`` target: write the module's dispatch source reduced to the set's
+    weight types under OUT_DIR/reduced/ and return the worker's ``--cuda-file REL=PATH``
+    arguments and a summary (``15 of 270 dispatch kernels (kFE2M1f)``)."""
+    if not target.kernels:
+        return [], ""
+    keep = marlin_dispatch.KERNEL_SETS[target.kernels]
+    mod = layout.module(target.module)
+    args, notes = [], []
+    for rel in mod.cuda_files:
+        source = layout.csrc / rel
+        if marlin_dispatch.DISPATCH_FUNCTION not in source.read_text(errors="replace"):
+            continue
+        dest = out_dir / "reduced" / rel
+        variants = target.kernels in marlin_dispatch.VARIANT_SETS
+        reduction = marlin_dispatch.write_reduced(source, dest, keep, variants=variants)
+        args += ["--cuda-file", f"{rel}={dest.resolve()}"]
+        notes.append(reduction.summary(keep))
+    if not args:
+        raise SeriesError(
+            f"{target}: no CUDA source of {target.module} ({', '.join(mod.cuda_files)}) defines "
+            f"{marlin_dispatch.DISPATCH_FUNCTION}, so there is no dispatch to reduce",
+            hint=f"compile the full module instead: {target.module}:{target.dtype}:{target.arch}",
+        )
+    return args, "; ".join(notes)
 
 
 def find_cuda_home(nvcc: str) -> str:
@@ -439,12 +513,19 @@ def _run_one(
     )
     # ninja (a pip package in the venv) must be found next to the venv's python
     env["PATH"] = os.pathsep.join([str(Path(python).parent), env.get("PATH", "")])
-    mod = discover_layout(sglang_dir).module(target.module)
+    layout = discover_layout(sglang_dir)
+    mod = layout.module(target.module)
+    try:
+        cuda_args, kernel_note = stage_kernel_set(target, layout, out_dir)
+    except SeriesError as exc:
+        detail = f"error: {exc}" + (f"\nhint: {exc.hint}" if exc.hint else "")
+        return CompileResult(target, "failed", time.monotonic() - start, detail)
     cmd = [
         "nice", "-n", "10", str(python), "-m", "fp4series.compile_check", "worker",
         "--module", target.module, "--dtype", target.dtype, "--arch", target.arch,
         "--build-dir", str(out_dir), "--py-module", mod.py_module, "--loader", mod.loader,
         "--utils-module", mod.utils_module, *(a for f in target.flags for a in ("--flag", f)),
+        *cuda_args,
     ]  # fmt: skip
     proc = subprocess.run(cmd, capture_output=True, text=True, env=env, check=False)
     (out_dir / "worker.log").write_text(proc.stdout + proc.stderr)
@@ -453,8 +534,12 @@ def _run_one(
         tail = "\n".join((proc.stdout + proc.stderr).strip().splitlines()[-40:])
         return CompileResult(target, "failed", seconds, tail)
     cache_dir.mkdir(parents=True, exist_ok=True)
-    stamp.write_text(f"{key}\n{json.dumps({'target': str(target), 'seconds': seconds})}\n")
-    return CompileResult(target, "built", seconds, proc.stdout.strip().splitlines()[-1:][0])
+    record = {"target": str(target), "seconds": seconds}
+    if kernel_note:
+        record["kernels"] = kernel_note
+    stamp.write_text(f"{key}\n{json.dumps(record)}\n")
+    detail = proc.stdout.strip().splitlines()[-1:][0]
+    return CompileResult(target, "built", seconds, detail, kernel_note)
 
 
 def run_compile_checks(
@@ -488,7 +573,8 @@ def run_compile_checks(
             t, python=python, sglang_dir=sglang_dir, cache_dir=cache_dir,
             build_root=build_root, nvcc=nvcc, force=force,
         )  # fmt: skip
-        print(f"[compile] {t}: {r.status} in {r.seconds:.1f}s", flush=True)
+        kernels = f" ({r.kernels})" if r.kernels else ""
+        print(f"[compile] {t}: {r.status} in {r.seconds:.1f}s{kernels}", flush=True)
         if r.status == "failed":
             print(r.detail, file=sys.stderr, flush=True)
         return r
@@ -538,6 +624,41 @@ def _loader_args(fn: object, torch_dtype: object, flags: Sequence[str]) -> tuple
     return args, kwargs
 
 
+class _Swaps(dict[str, str]):
+    """cuda_files entries (as the wrapper names them) -> the staged file built instead."""
+
+    used: set[str]
+
+    def __init__(self, pairs: Sequence[str]) -> None:
+        super().__init__(p.split("=", 1) for p in pairs)
+        self.used = set()
+
+
+def _swap_cuda_files(wrapper: object, pairs: Sequence[str]) -> _Swaps:
+    """Make the wrapper module's ``load_jit`` build the staged (reduced) sources: absolute
+    paths, which both loaders take as they are, in place of the csrc-relative names."""
+    swaps = _Swaps(pairs)
+    if not swaps:
+        return swaps
+    real = getattr(wrapper, "load_jit", None)
+    if real is None:
+        raise SystemExit(f"{getattr(wrapper, '__name__', wrapper)} has no module-level load_jit "
+                         "to hand the reduced source to; build the full module (the target "
+                         "without @SET)")  # fmt: skip
+
+    def load_jit_staged(*args: object, cuda_files: Sequence[str] | None = None,
+                        **kwargs: object) -> object:  # fmt: skip
+        files = []
+        for rel in cuda_files or []:
+            if rel in swaps:
+                swaps.used.add(rel)
+            files.append(swaps.get(rel, rel))
+        return real(*args, cuda_files=files, **kwargs)
+
+    wrapper.load_jit = load_jit_staged  # type: ignore[attr-defined]
+    return swaps
+
+
 def _worker(
     module: str,
     dtype: str,
@@ -547,6 +668,7 @@ def _worker(
     loader: str | None = None,
     utils_module: str | None = None,
     flags: Sequence[str] = (),
+    cuda_files: Sequence[str] = (),
 ) -> int:
     import importlib
     import inspect
@@ -601,6 +723,7 @@ def _worker(
     assert m is not None
     wrapper = importlib.import_module(py_module)
     fn = getattr(wrapper, loader)
+    swapped = _swap_cuda_files(wrapper, cuda_files)
     torch_dtype = (
         None if dtype == NO_DTYPE else {"fp16": torch.float16, "bf16": torch.bfloat16}[dtype]
     )
@@ -611,6 +734,12 @@ def _worker(
         fn(*args, **kwargs)
     if not built or not Path(built[0]).is_file():
         print(f"no shared object was built for {module}:{dtype}:{arch}", file=sys.stderr)
+        return 1
+    unused = sorted(set(swapped) - set(swapped.used))
+    if unused:
+        print(f"{py_module}.{loader} never asked load_jit for {', '.join(unused)}, so the reduced "
+              "source was not what got built; build the full module (the target without @SET) "
+              "and see which cuda_files the loader passes now", file=sys.stderr)  # fmt: skip
         return 1
     ninja = out / "build.ninja"
     flag_lines = [ln for ln in ninja.read_text().splitlines()
@@ -670,6 +799,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     w.add_argument("--loader")
     w.add_argument("--utils-module")
     w.add_argument("--flag", action="append", default=[])
+    w.add_argument("--cuda-file", action="append", default=[],
+                   help="REL=PATH: build PATH where the loader names REL")  # fmt: skip
     c = sub.add_parser("check", help="compile-check Marlin JIT modules of any SGLang tree")
     c.add_argument("--sglang-dir", required=True, help="the tree's python/sglang")
     c.add_argument("--python", required=True, help="a venv python with torch + apache-tvm-ffi")
@@ -681,8 +812,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     c.add_argument("--sass", action="store_true", help="print a SASS summary of each build")
     args = parser.parse_args(argv)
     if args.cmd == "worker":
-        return _worker(args.module, args.dtype, args.arch, args.build_dir,
-                       args.py_module, args.loader, args.utils_module, args.flag)  # fmt: skip
+        return _worker(args.module, args.dtype, args.arch, args.build_dir, args.py_module,
+                       args.loader, args.utils_module, args.flag, args.cuda_file)  # fmt: skip
     sglang_dir = Path(args.sglang_dir)
     targets = select_targets(sglang_dir, args.targets)
     results = run_compile_checks(

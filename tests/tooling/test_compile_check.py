@@ -3,6 +3,8 @@
 
 from __future__ import annotations
 
+import json
+import types
 from pathlib import Path
 
 import pytest
@@ -223,3 +225,102 @@ def test_worker_gets_the_discovered_loader(tmp_path: Path, monkeypatch: pytest.M
         compile_check.run_compile_checks(
             [compile_check.Target.parse("awq_marlin_repack:-:sm_75")], **kw
         )
+
+
+# ------------------------------------------------------------------------ kernel sets (@fp4)
+
+DENSE_DISPATCH = r"""#include "marlin_template.h"
+#define _GET_IF(W, M, N, K, M8, G, T, Z) else if (q_type == W) { kernel = Marlin<W.id(), M>; }
+#define TWO_GET_IF(W) _GET_IF(W, 1, 8, 8, true, G1, 256, false) \
+  _GET_IF(W, 2, 8, 8, false, G1, 256, false)
+
+template <typename scalar_t>
+MarlinFuncPtr get_marlin_kernel_impl(const host::ScalarType q_type) {
+  auto kernel = MarlinDefault;
+  if (false) {
+  }
+  TWO_GET_IF(host::kU4B8)
+  TWO_GET_IF(host::kFE2M1f)
+  return kernel;
+}
+"""
+
+
+def test_kernel_set_targets_parse_and_name() -> None:
+    t = compile_check.Target.parse("gptq_marlin@fp4:fp16:sm_75")
+    assert (t.module, t.kernels, t.dtype, t.arch) == ("gptq_marlin", "fp4", "fp16", "sm_75")
+    assert str(t) == "gptq_marlin@fp4:fp16:sm_75" and t.name == "gptq_marlin@fp4-fp16-sm_75"
+    assert compile_check.Target.parse(str(t)) == t
+    assert compile_check.Target.parse("gptq_marlin:fp16:sm_75").kernels is None
+    with pytest.raises(SeriesError, match="unknown kernel set 'int4'") as e:
+        compile_check.Target.parse("gptq_marlin@int4:fp16:sm_75")
+    assert "@fp4" in e.value.hint
+    with pytest.raises(SeriesError, match="gptq_marlin_repack has no kernel dispatch"):
+        compile_check.Target.parse("gptq_marlin_repack@fp4:-:sm_75")
+
+
+def test_the_default_gemm_targets_are_fp4_and_full_builds_whole_modules(tmp_path: Path) -> None:
+    sg = fake_0523(tmp_path)
+    marlin = sg / "kernels/jit/csrc/gemm/marlin/marlin.cuh"
+    marlin.write_text(marlin.read_text() + "#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ < 750\n")
+    targets = compile_check.select_targets(sg, None)
+    gemm = [t for t in targets if t.module in compile_check.GEMM_MODULES]
+    assert gemm and all(t.kernels == ("fp4v" if t.arch == "sm_75" else "fp4") for t in gemm)
+    assert {t.arch for t in gemm} == {"sm_75", "sm_80", "sm_90"}
+    assert all(t.kernels is None for t in targets if t.module not in compile_check.GEMM_MODULES)
+    full = compile_check.select_targets(sg, "full")
+    assert [str(t) for t in full] == [str(t).split("@")[0] + ":" + str(t).split(":", 1)[1]
+                                      if "@" in str(t) else str(t) for t in targets]  # fmt: skip
+
+
+def test_an_fp4_target_builds_the_reduced_source_and_has_its_own_stamp(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    sg = fake_0523(tmp_path)
+    dense = sg / "kernels/jit/csrc/gemm/marlin/gptq_marlin.cuh"
+    dense.write_text(DENSE_DISPATCH)
+    log = tmp_path / "calls.log"
+    py = tmp_path / "fakepy"
+    py.write_text(f'#!/bin/sh\necho "$@" >> {log}\necho built\n')
+    nvcc = tmp_path / "nvcc"
+    nvcc.write_text("#!/bin/sh\necho 'Cuda compilation tools, release 13.0'\n")
+    for f in (py, nvcc):
+        f.chmod(0o755)
+    monkeypatch.setattr(compile_check.shutil, "which", lambda name: str(nvcc))
+    kw = {"python": py, "sglang_dir": sg, "cache_dir": tmp_path / "cache",
+          "build_root": tmp_path / "jit"}  # fmt: skip
+    fp4 = compile_check.Target.parse("gptq_marlin@fp4:fp16:sm_75")
+    (r,) = compile_check.run_compile_checks([fp4], **kw)
+    assert r.status == "built" and r.kernels == "2 of 4 dispatch kernels (kFE2M1f)"
+    staged = tmp_path / "jit" / fp4.name / "reduced" / "gemm/marlin/gptq_marlin.cuh"
+    assert f"--cuda-file gemm/marlin/gptq_marlin.cuh={staged.resolve()}" in log.read_text()
+    assert "not built: TWO_GET_IF(host::kU4B8)" in staged.read_text()
+    assert "  TWO_GET_IF(host::kFE2M1f)\n" in staged.read_text()
+    stamp = json.loads((tmp_path / "cache" / f"{fp4.name}.stamp").read_text().splitlines()[1])
+    assert stamp["kernels"] == r.kernels
+    # the full module is another target: its own build, no --cuda-file
+    full = compile_check.Target.parse("gptq_marlin:fp16:sm_75")
+    assert compile_check.target_key(full, sg, py, str(nvcc)) != compile_check.target_key(
+        fp4, sg, py, str(nvcc)
+    )
+    assert [r.status for r in compile_check.run_compile_checks([fp4, full], **kw)] == [
+        "cached", "built",
+    ]  # fmt: skip
+    assert log.read_text().splitlines()[-1].count("--cuda-file") == 0
+    # a dispatch the reduction cannot read fails that target with the way out, builds nothing
+    dense.write_text(DENSE_DISPATCH.replace("get_marlin_kernel_impl", "pick"))
+    (r,) = compile_check.run_compile_checks([fp4], **kw)
+    assert r.status == "failed" and "no CUDA source of gptq_marlin" in r.detail
+    assert "gptq_marlin:fp16:sm_75" in r.detail
+    assert log.read_text().count(" worker ") == 2
+
+
+def test_the_worker_hands_the_reduced_source_to_load_jit() -> None:
+    calls: list[list[str]] = []
+    wrapper = types.SimpleNamespace(load_jit=lambda *a, cuda_files=None, **k: calls.append(
+        cuda_files))  # fmt: skip
+    swaps = compile_check._swap_cuda_files(wrapper, ["gemm/marlin/gptq_marlin.cuh=/b/r.cuh"])
+    wrapper.load_jit("gptq_marlin", cuda_files=["gemm/marlin/gptq_marlin.cuh", "x.cuh"])
+    assert calls == [["/b/r.cuh", "x.cuh"]] and swaps.used == {"gemm/marlin/gptq_marlin.cuh"}
+    with pytest.raises(SystemExit, match="no module-level load_jit"):
+        compile_check._swap_cuda_files(types.SimpleNamespace(), ["a=b"])
