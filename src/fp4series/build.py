@@ -39,8 +39,9 @@ if TYPE_CHECKING:
     from fp4series.line import Line
 
 PIN_WHEEL = "sglang-0.5.11-cp311-cp311-manylinux_2_34_x86_64.whl"
-#: Offline copies that may hold the pinned wheel before the cache does (team machines).
-EXTRA_WHEEL_DIRS = (Path("/work/wt/wheels"),)
+#: Folders (os.pathsep-separated) of an offline copy of the pinned wheels, tried before
+#: the network: a machine without PyPI access, or a shared download.
+WHEEL_DIR_ENV = "FP4SERIES_WHEEL_DIR"
 LOCAL_VERSION_PREFIX = "nvfp4marlin"
 REQUIREMENT_FILES = ("requirements/cpu-test.txt", "requirements/constraints.txt")
 # scripts/*.sh need only gitpython: a fresh clone gets it in seconds, without the test venv
@@ -117,7 +118,8 @@ def seed_wheel_cache(cache: Path, release: object | None = None) -> None:
     cached = cache / "wheels" / name
     if cached.is_file():
         return
-    for folder in EXTRA_WHEEL_DIRS:
+    folders = [Path(f) for f in os.environ.get(WHEEL_DIR_ENV, "").split(os.pathsep) if f]
+    for folder in folders:
         if (folder / name).is_file():
             cached.parent.mkdir(parents=True, exist_ok=True)
             shutil.copyfile(folder / name, cached)
@@ -128,8 +130,8 @@ def pinned_wheel(cache_dir: Path | None = None, release: object | None = None) -
     """The pinned sglang wheel (or RELEASE's, a line's base), sha256-verified (tooling-core's
     ``upstream.fetch_wheel``).
 
-    A team machine may hold the wheel already (``EXTRA_WHEEL_DIRS``): it is copied into the
-    cache first, and ``fetch_wheel`` verifies the sha256 either way.
+    An offline copy (``$FP4SERIES_WHEEL_DIR``) is copied into the cache first, and
+    ``fetch_wheel`` verifies the sha256 either way.
     """
     from fp4series import upstream
 

@@ -20,7 +20,7 @@ from fp4series.verify import record_mismatches
 
 pytestmark = pytest.mark.integration
 # where a copy of the pinned wheel may already lie (the project cache, a team cache)
-WHEEL_DIRS = [paths.default_cache_dir() / "wheels", Path("/work/wt/wheels")]
+WHEEL_DIRS = [paths.default_cache_dir() / "wheels"]
 TOUCHED = [
     "python/sglang/jit_kernel/csrc/gemm/marlin/marlin_template.h",
     "python/sglang/srt/layers/quantization/modelopt_quant.py",
