@@ -172,9 +172,11 @@ def pause(point: str) -> None:
     wait_at(point)
 
 
-def wait_at(point: str) -> None:
-    """pause's mechanism, for the other commands' named points (export's)."""
-    wanted = os.environ.get("FP4SERIES_PAUSE_AT", "")
+def wait_at(point: str, variable: str = "FP4SERIES_PAUSE_AT") -> None:
+    """pause's mechanism, for the other commands' named points (export's, rebase's, split's):
+    with VARIABLE=<point>[,<point>] and FP4SERIES_PAUSE_DIR=D, write D/<point>.reached and wait
+    until D/<point>.release exists."""
+    wanted = os.environ.get(variable, "")
     if point not in wanted.split(","):
         return
     where = Path(os.environ["FP4SERIES_PAUSE_DIR"])

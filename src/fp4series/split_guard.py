@@ -38,13 +38,13 @@ import json
 import os
 import shutil
 import subprocess
-import time
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
+from fp4series.checkout import pid_alive, wait_at
 from fp4series.errors import SeriesError
 from fp4series.paths import inside
 
@@ -60,13 +60,7 @@ def pause(point: str) -> None:
     assert point in PAUSE_POINTS, point
     if PAUSE_HOOK is not None:
         PAUSE_HOOK(point)
-    wanted = os.environ.get("FP4SERIES_SPLIT_PAUSE_AT", "")
-    if point not in wanted.split(","):
-        return
-    where = Path(os.environ["FP4SERIES_PAUSE_DIR"])
-    (where / f"{point}.reached").write_text(f"{os.getpid()}\n")
-    while not (where / f"{point}.release").exists():
-        time.sleep(0.01)
+    wait_at(point, "FP4SERIES_SPLIT_PAUSE_AT")
 
 
 def _git(repo: Path, *args: str, stdin: str | None = None) -> subprocess.CompletedProcess[str]:
@@ -259,7 +253,7 @@ class Transaction:
         """Remove what a killed split staged; files it had moved aside are kept and named."""
         for stale in sorted(self.out_dir.glob(f"{STAGING}-*")):
             pid = stale.name.rsplit("-", 1)[-1]
-            if pid.isdigit() and _alive(int(pid)):
+            if pid.isdigit() and pid_alive(int(pid)):
                 continue  # another split is running there
             if any(p.is_file() for p in (stale / "old").rglob("*")):
                 kept = self.out_dir / f".split-interrupted-{stamp()}-{pid}"
@@ -386,13 +380,3 @@ class Transaction:
 
     def close(self) -> None:
         shutil.rmtree(self.staging, ignore_errors=True)
-
-
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True

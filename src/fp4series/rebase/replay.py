@@ -32,12 +32,12 @@ import os
 import re
 import shutil
 import subprocess
-import time
 from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
+from fp4series.checkout import wait_at
 from fp4series.errors import SeriesError
 from fp4series.export import _existing_stems, patch_stem
 from fp4series.overlap import PatchDoc, load_patch_docs
@@ -79,12 +79,7 @@ def pause(point: str) -> None:
     FP4SERIES_PAUSE_AT=<point>[,...] and FP4SERIES_PAUSE_DIR=D, write D/<point>.reached and
     wait until D/<point>.release exists."""
     assert point in PAUSE_POINTS, point
-    if point not in os.environ.get("FP4SERIES_PAUSE_AT", "").split(","):
-        return
-    where = Path(os.environ["FP4SERIES_PAUSE_DIR"])
-    (where / f"{point}.reached").write_text(f"{os.getpid()}\n")
-    while not (where / f"{point}.release").exists():
-        time.sleep(0.01)
+    wait_at(point)
 
 
 @dataclass
