@@ -132,43 +132,45 @@ class Session:
         self.engine.generate(input_ids=prompts, sampling_params=params)
         return time.perf_counter() - t
 
-    def speed(self, tokens: dict[str, Any], s: dict[str, Any]) -> dict[str, Any]:
-        out: dict[str, Any] = {"decode": {}}
+    def _decode(self, tokens: dict[str, Any], s: dict[str, Any], batches: list[int]) -> dict:
+        """Decode timings per batch: ``speed_new_tokens`` and 1 new token, after a warm-up."""
+        out: dict[str, Any] = {}
         n, reps = s["speed_new_tokens"], s["speed_repeats"]
-        for batch in s["speed_batches"]:
+        for batch in batches:
             prompts = tokens["speed"][:batch]
             self._timed(prompts, n)  # warm-up
             full = [self._timed(prompts, n) for _ in range(reps)]
             one = [self._timed(prompts, 1) for _ in range(reps)]
-            out["decode"][str(batch)] = {"full": full, "one": one, "new_tokens": n,
-                                         "prompt_tokens": len(prompts[0])}  # fmt: skip
+            out[str(batch)] = {"full": full, "one": one, "new_tokens": n,
+                               "prompt_tokens": len(prompts[0])}  # fmt: skip
             rate = e2e.decode_rate(batch, n, full, one)
             say(f"decode batch {batch}: {rate['tok_s'] or 0:.0f} tok/s")
-        prefill = [tokens["prefill"]]
-        self._timed(prefill, 1)
-        out["prefill"] = {"tokens": len(prefill[0]),
-                          "times": [self._timed(prefill, 1) for _ in range(reps)]}  # fmt: skip
         return out
+
+    def _prefill(self, prompt: list[int], reps: int) -> dict[str, Any]:
+        """One prompt's prefill times (one new token), after a warm-up."""
+        self._timed([prompt], 1)
+        times = [self._timed([prompt], 1) for _ in range(reps)]
+        say(
+            f"prefill {len(prompt)}: {e2e.prefill_rate(len(prompt), times)['tok_s'] or 0:.0f} tok/s"
+        )
+        return {"tokens": len(prompt), "times": times}
+
+    def speed(self, tokens: dict[str, Any], s: dict[str, Any]) -> dict[str, Any]:
+        return {
+            "decode": self._decode(tokens, s, s["speed_batches"]),
+            "prefill": self._prefill(tokens["prefill"], s["speed_repeats"]),
+        }
 
     def speed_large(self, tokens: dict[str, Any], s: dict[str, Any]) -> dict[str, Any]:
         """Decode at ``large_batches`` and one prefill per ``large_prefill_tokens``."""
-        out: dict[str, Any] = {"decode": {}, "prefill": {}}
-        n, reps = s["speed_new_tokens"], s["speed_repeats"]
-        for batch in s["large_batches"]:
-            prompts = tokens["speed"][:batch]
-            self._timed(prompts, n)  # warm-up
-            full = [self._timed(prompts, n) for _ in range(reps)]
-            one = [self._timed(prompts, 1) for _ in range(reps)]
-            out["decode"][str(batch)] = {"full": full, "one": one, "new_tokens": n,
-                                         "prompt_tokens": len(prompts[0])}  # fmt: skip
-            rate = e2e.decode_rate(batch, n, full, one)
-            say(f"decode batch {batch}: {rate['tok_s'] or 0:.0f} tok/s")
-        for size, prompt in tokens["prefill_large"].items():
-            self._timed([prompt], 1)  # warm-up
-            times = [self._timed([prompt], 1) for _ in range(reps)]
-            out["prefill"][size] = {"tokens": len(prompt), "times": times}
-            say(f"prefill {size}: {e2e.prefill_rate(len(prompt), times)['tok_s'] or 0:.0f} tok/s")
-        return out
+        return {
+            "decode": self._decode(tokens, s, s["large_batches"]),
+            "prefill": {
+                size: self._prefill(prompt, s["speed_repeats"])
+                for size, prompt in tokens["prefill_large"].items()
+            },
+        }
 
 
 def _session_data(

@@ -16,11 +16,11 @@
 #   serve/gpu-host.sh [--deadline SECONDS] [--out DIR] [--prepare-only]
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
-DEADLINE=0 OUT=.work/gpu-host-out PREPARE_ONLY=0
+DEADLINE=0 OUT_DIR=.work/gpu-host-out PREPARE_ONLY=0
 while [ $# -gt 0 ]; do
   case "$1" in
     --deadline) DEADLINE="$2"; shift 2 ;;
-    --out) OUT="$2"; shift 2 ;;
+    --out) OUT_DIR="$2"; shift 2 ;;
     --prepare-only) PREPARE_ONLY=1; shift ;;
     -h|--help) sed -n '2,19p' "$0"; exit 0 ;;
     *) echo "error: unknown option $1 (see --help)" >&2; exit 2 ;;
@@ -30,7 +30,7 @@ T0=$SECONDS
 step() { echo "==> [gpu-host +$((SECONDS - T0))s] $*"; }
 export PYTHONUNBUFFERED=1
 SITE=$PWD/.work/gpu-site
-mkdir -p "$OUT" .work/logs
+mkdir -p "$OUT_DIR" .work/logs
 
 if [ ! -f "$SITE/.installed" ]; then
   step "install the wheelhouse into .work/gpu-site"
@@ -80,9 +80,9 @@ while pgrep -f "gpu_proof.py --stages fused_shards,e2e --build-only" >/dev/null;
   [ "$(left)" -lt 60 ] && { step "deadline: the Marlin builds are still running"; exit 3; }
   sleep 5  # the stages below reuse those builds instead of starting their own
 done
-if [ ! -f "$OUT/fused_shards/numerics.json" ]; then
+if [ ! -f "$OUT_DIR/fused_shards/numerics.json" ]; then
   step "stage fused_shards"
-  scripts/gpu-proof.sh --stages fused_shards --deadline "$(left)" --out "$OUT/fused_shards" || true
+  scripts/gpu-proof.sh --stages fused_shards --deadline "$(left)" --out "$OUT_DIR/fused_shards" || true
 fi
 if [ ! -f "$CKPT/made-large" ]; then  # the gated units first; the speed units next time
   step "stage e2e without the speed models (their checkpoints are still being made)"
@@ -90,4 +90,4 @@ if [ ! -f "$CKPT/made-large" ]; then  # the gated units first; the speed units n
 else
   step "stage e2e (resumes what an earlier run finished)"
 fi
-scripts/gpu-proof.sh --stages e2e --deadline "$(left)" --out "$OUT"
+scripts/gpu-proof.sh --stages e2e --deadline "$(left)" --out "$OUT_DIR"

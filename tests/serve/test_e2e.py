@@ -500,9 +500,8 @@ class FakeEngine:
         pass
 
 
-def test_worker_case_against_a_stand_in_engine(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
+def stand_in_engine(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    """SGLang's Engine replaced by FakeEngine for e2e_engine's workers; the unit's log."""
     names = ("sglang", "sglang.srt", "sglang.srt.entrypoints", "sglang.srt.entrypoints.engine")
     for name in names:
         monkeypatch.setitem(sys.modules, name, types.ModuleType(name))
@@ -510,12 +509,24 @@ def test_worker_case_against_a_stand_in_engine(
     log = tmp_path / "unit.log"
     log.write_text("")
     monkeypatch.setattr(FakeEngine, "log", log)
+    return log
+
+
+def worker_job(unit: e2e.Unit, s: dict[str, Any], tmp_path: Path, log: Path) -> dict[str, Any]:
+    """The job file the runner would hand e2e_engine for UNIT."""
+    return {"id": unit.id, "kind": unit.kind, "spec": unit.spec, "settings": s, "hash": "h",
+            "locks": str(tmp_path / "locks"), "result": str(tmp_path / "rec.json"),
+            "log": str(log), "tokens": e2e.token_sets(list(range(40000)), s)}  # fmt: skip
+
+
+def test_worker_case_against_a_stand_in_engine(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    log = stand_in_engine(tmp_path, monkeypatch)
     s = settings("--speed-batches", "1,8")
     unit = next(u for u in e2e.plan_units(tmp_path, s, None)
                 if u.id == "case/dense/modelopt/bfloat16")  # fmt: skip
-    job = {"id": unit.id, "kind": unit.kind, "spec": unit.spec, "settings": s, "hash": "h",
-           "locks": str(tmp_path / "locks"), "result": str(tmp_path / "rec.json"),
-           "log": str(log), "tokens": e2e.token_sets(list(range(40000)), s)}  # fmt: skip
+    job = worker_job(unit, s, tmp_path, log)
     job_path = tmp_path / "job.json"
     job_path.write_text(json.dumps(job))
     assert e2e_engine.main([str(job_path)]) == 0
@@ -550,19 +561,11 @@ def test_worker_case_against_a_stand_in_engine(
 def test_worker_speed_unit_against_a_stand_in_engine(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    names = ("sglang", "sglang.srt", "sglang.srt.entrypoints", "sglang.srt.entrypoints.engine")
-    for name in names:
-        monkeypatch.setitem(sys.modules, name, types.ModuleType(name))
-    sys.modules["sglang.srt.entrypoints.engine"].Engine = FakeEngine  # type: ignore[attr-defined]
-    log = tmp_path / "unit.log"
-    log.write_text("")
-    monkeypatch.setattr(FakeEngine, "log", log)
+    log = stand_in_engine(tmp_path, monkeypatch)
     s = settings("--large-batches", "1,8", "--large-prefill-tokens", "1024,2048")
     unit = next(u for u in e2e.plan_units(tmp_path, s, None)
                 if u.id == "speed/dense-large/modelopt-nvfp4")  # fmt: skip
-    job = {"id": unit.id, "kind": unit.kind, "spec": unit.spec, "settings": s, "hash": "h",
-           "locks": str(tmp_path / "locks"), "result": str(tmp_path / "rec.json"),
-           "log": str(log), "tokens": e2e.token_sets(list(range(40000)), s)}  # fmt: skip
+    job = worker_job(unit, s, tmp_path, log)
     job_path = tmp_path / "job.json"
     job_path.write_text(json.dumps(job))
     assert e2e_engine.main([str(job_path)]) != 0  # no checkpoint there: a clear failure
