@@ -10,9 +10,11 @@ that are not plain names, patches that do not parse).
 Upstream-Status (DEP-3 / Yocto vocabulary): `Pending`, `Submitted [url]` (a URL or
 owner/repo#N), `Backport [commit or version]` (naming a commit id, a release, owner/repo#N or a
 URL), `Denied`, `Inappropriate [reason]`, `Inactive-Upstream` (optionally with Yocto's
-`[lastcommit: ..., lastrelease: ...]`). `Rebased-From: <source patch file name> <patch-id>`,
-where present (a line's patch made from a patch of its source line), must name an
-NNNN-stem.patch file and a 40-hex `git patch-id --stable`.
+`[lastcommit: ..., lastrelease: ...]`). `Backport [where, adapted]` takes upstream's change with
+differences, which the message lists as `- ` items under a paragraph starting `Differences from
+upstream`; a plain Backport may not have that paragraph.
+`Rebased-From: <source patch file name> <patch-id>`, where present (a line's patch made from a
+patch of its source line), must name an NNNN-stem.patch file and a 40-hex `git patch-id --stable`.
 
 Cross-check with the rebase check (``--matrix FILE``, default reports/rebase-check.json; absent:
 skipped with a note; ``--no-matrix``): on the newest release the matrix checked, a patch whose
@@ -93,6 +95,8 @@ _REF = re.compile(r"^(?:[A-Za-z0-9_.-]+/[A-Za-z0-9_.-]+)?#\d+$")
 _COMMIT = re.compile(r"^[0-9a-f]{7,40}$")
 _VERSION = re.compile(r"^v?\d+(?:\.\d+)+(?:(?:\.post|\.dev|rc|a|b)\d+)?$")
 TEST_PREFIXES = ("gpu:", "bench:")
+# the paragraph an adapted Backport lists its differences from upstream under
+DIFFERENCES = "Differences from upstream"
 WHITESPACE_CHECKED = (".py", ".pyi", ".h", ".cuh", ".cu", ".cc", ".cpp", ".c", ".hpp", ".toml")
 _NAME = re.compile(r"^\d{4}-[a-z0-9][a-z0-9.-]*\.patch$")
 _FROM_LINE = re.compile(r"^From [0-9a-f]{40} Mon Sep 17 00:00:00 2001$")
@@ -188,6 +192,40 @@ def status_problem(status: str) -> str | None:
     return None
 
 
+def adapted_problem(status: str, lines: list[str]) -> str | None:
+    """Why a Backport's 'adapted' marker and its differences section disagree, or None.
+
+    ``Backport [where, adapted]`` says the patch takes upstream's change with differences;
+    the message must then list them under a paragraph starting ``Differences from
+    upstream`` with at least one ``- `` item. A plain Backport may not carry such a list:
+    a patch that differs from upstream must say so in its status.
+    """
+    if not status.strip().startswith("Backport"):
+        return None
+    adapted = "adapted" in [t for t in re.split(r"[,\s]+", _bracket(status.strip())) if t]
+    end = _line_of(lines, "diff --git ") or len(lines)
+    head = lines[:end]
+    start = next((i for i, ln in enumerate(head) if ln.startswith(DIFFERENCES)), None)
+    items = 0
+    if start is not None:
+        for ln in head[start + 1 :]:
+            if not ln.strip():
+                break
+            items += ln.startswith("- ")
+    if adapted and not items:
+        return (
+            f"Upstream-Status {status.strip()!r}: an adapted Backport must list every difference "
+            f"from upstream in the message, as '- ' items under a paragraph starting "
+            f"'{DIFFERENCES}'"
+        )
+    if not adapted and start is not None:
+        return (
+            f"Upstream-Status {status.strip()!r}: the message lists differences from upstream "
+            f"(line {start + 1}), so the status must say so: 'Backport [<where>, adapted]'"
+        )
+    return None
+
+
 def rebased_from_problem(value: str) -> str | None:
     """Why a Rebased-From: value is not '<source patch file name> <stable patch-id>'."""
     words = value.split()
@@ -218,7 +256,7 @@ def _check_trailers(
     if status is None:
         say.append((end, "no 'Upstream-Status:' trailer in the last paragraph of the message"))
     else:
-        bad = status_problem(status)
+        bad = status_problem(status) or adapted_problem(status, lines)
         if bad:
             say.append((status_line, bad))
     tests_line = _line_of(lines, "Tests:")

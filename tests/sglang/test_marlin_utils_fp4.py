@@ -588,6 +588,23 @@ def test_prepare_moe_errors(m, monkeypatch, hidden, inter, g13, match):
     assert not calls
 
 
+@pytest.mark.parametrize("names", [("w13_bias",), ("w2_bias",), ("w13_bias", "w2_bias")])
+def test_prepare_moe_refuses_expert_biases(m, monkeypatch, names):
+    """fused_marlin_moe has no bias input: biased experts are refused, never dropped."""
+    calls = _stub_kernels(m, monkeypatch)
+    layer = _moe(2, 128, 64, BF16, seed=4)
+    layer.w13_weight_scale_2 = torch.nn.Parameter(torch.ones(2))
+    layer.w2_weight_scale_2 = torch.nn.Parameter(torch.ones(2))
+    for name in names:
+        setattr(layer, name, torch.nn.Parameter(torch.randn(2, 128)))
+    with pytest.raises(ValueError, match=r"expert biases \(" + ", ".join(names) + r"\)"):
+        m.prepare_moe_nvfp4_layer_for_marlin(layer)
+    assert not calls
+    layer.w13_bias = None  # an unset optional bias is no bias
+    layer.w2_bias = None
+    m.prepare_moe_nvfp4_layer_for_marlin(layer)
+
+
 # --------------------------------------------------------------------------
 # Fused shards with different global scales (patch 10)
 # --------------------------------------------------------------------------
@@ -805,5 +822,9 @@ def test_fused_marlin_moe_global_scale_validation():
             call(**kw)
     # the NVFP4 weight type is chosen only when global scales are present
     if _scalar_types.real_scalar_types_loaded():
-        assert mod.get_scalar_type(4, False, True).id == _scalar_types.FLOAT4_E2M1F_ID
+        # upstream's signature: get_scalar_type(num_bits, has_zp, scales, global_scale)
+        nvfp4 = mod.get_scalar_type(4, False, fp8, g)
+        assert nvfp4.id == _scalar_types.FLOAT4_E2M1F_ID
         assert mod.get_scalar_type(4, False).id != _scalar_types.FLOAT4_E2M1F_ID
+        assert mod.get_scalar_type(4, False, fp8, None).id != _scalar_types.FLOAT4_E2M1F_ID
+        assert mod.get_scalar_type(4, True, fp8, g).id != _scalar_types.FLOAT4_E2M1F_ID

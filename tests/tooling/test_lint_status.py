@@ -103,6 +103,25 @@ def test_bad_upstream_status_names_patch_line_and_forms(env: Env, value: str, sa
     assert says in problem
 
 
+def test_adapted_backport_lists_its_differences(env: Env) -> None:
+    """'Backport [where, adapted]' needs a 'Differences from upstream' list; a list needs
+    'adapted'; each problem names the patch and the status line."""
+    path = env.patches / P1
+    line = _status(env, P1, "Backport [sgl-project/sglang#25655, adapted]")
+    (problem,) = run_lint(env)[0]
+    assert f"{P1}:{line}: " in problem and "must list every difference" in problem, problem
+    differences = "Differences from upstream (#25655):\n- validates its input\n\nHow verified:"
+    _rewrite(path, "How verified:", differences)
+    assert run_lint(env)[0] == []
+    _rewrite(path, "Backport [sgl-project/sglang#25655, adapted]", "Backport [0.5.13]")
+    (problem,) = run_lint(env)[0]
+    assert "the status must say so: 'Backport [<where>, adapted]'" in problem, problem
+    _rewrite(path, "- validates its input\n", "")  # a heading without items is no list
+    _rewrite(path, "Backport [0.5.13]", "Backport [0.5.13, adapted]")
+    (problem,) = run_lint(env)[0]
+    assert "must list every difference" in problem, problem
+
+
 def test_rebased_from_names_a_patch_file_and_a_patch_id(env: Env) -> None:
     assert rebased_from_problem(f"0004-marlin-utils-fp4.patch {PID}") is None
     path = env.patches / P1
