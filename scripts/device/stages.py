@@ -40,7 +40,7 @@ def _modules(**variants: str) -> tuple[tuple[str, str], ...]:
 
 
 NUMERICS_TESTS = ("tests/gpu/test_marlin_numerics.py", "tests/gpu/test_fused_shards.py",
-                  "tests/gpu/test_tracing.py",
+                  "tests/gpu/test_tensor_parallel.py", "tests/gpu/test_tracing.py",
                   "tests/gpu/test_kernel_repro.py::test_unpatched_templates_fail")  # fmt: skip
 MARLIN = "gptq_marlin:{0} moe_wna16_marlin:{0} repack act:{0}"
 
@@ -77,6 +77,12 @@ STAGES: dict[str, Stage] = {
         Stage(  # numerics' fused-shards cases alone (its numerics.json holds only those)
             "fused_shards",
             (*PYTEST, "tests/gpu/test_fused_shards.py"),
+            ("numerics.json",),
+            _modules(patched=f"{MARLIN.format('bf16')} {MARLIN.format('fp16')}"),
+        ),
+        Stage(  # numerics' tensor/expert-parallel cases alone (issue 20)
+            "tensor_parallel",
+            (*PYTEST, "tests/gpu/test_tensor_parallel.py"),
             ("numerics.json",),
             _modules(patched=f"{MARLIN.format('bf16')} {MARLIN.format('fp16')}"),
         ),

@@ -7,6 +7,8 @@ in README.md; everything else in the README is prose written by hand. Blocks:
               each came from, then every source patch it dropped and where upstream has it
   gpu-numerics  reports/h200/numerics.json and turing_ptx.json (max relative L2 per group)
   gpu-bench   reports/h200/bench.json (time ratios per M range)
+  tp-matrix   tests/sglang/_tp_spec.py: model x --tp -> served / padded / refused (the CPU
+              tensor-parallel test's data), pending fixes from tests/sglang/_issue20.py
 ``python -m fp4series readme`` rewrites the blocks in place; ``--check`` changes nothing and
 exits 1 naming the blocks that differ (CI runs it).
 """
@@ -153,10 +155,33 @@ def bench_table(root: Path) -> str:
     return _table(("", *(name for name, _ in M_RANGES)), lines)
 
 
+TP_SPEC = Path("tests") / "sglang" / "_tp_spec.py"
+
+
+def tp_table(root: Path) -> str:
+    """The tensor-parallel table of the CPU test's model data (pure Python, loaded by path)."""
+    import importlib.util
+    import sys
+
+    path = root / TP_SPEC
+    name = "_fp4series_tp_spec"
+    spec = importlib.util.spec_from_file_location(name, path)
+    if spec is None or spec.loader is None or not path.is_file():
+        raise SeriesError(f"cannot load {path}", hint="restore it from git")
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[name] = module  # its dataclasses look their module up while it runs
+    try:
+        spec.loader.exec_module(module)
+        return str(module.readme_table())
+    finally:
+        del sys.modules[name]
+
+
 GENERATORS: dict[str, Callable[[Path], str]] = {
     "series": series_table,
     "gpu-numerics": numerics_table,
     "gpu-bench": bench_table,
+    "tp-matrix": tp_table,
 }
 
 

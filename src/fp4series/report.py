@@ -7,11 +7,13 @@ engine); CI cannot rerun them, so ``python -m fp4series check-reports`` checks t
 thresholds: every patched case within ``PATCHED_MAX_REL_L2``, every unpatched-template
 repro case failing (above ``UNPATCHED_MIN_REL_L2``), the tracing checks passing, fused shards
 with different global scales served within the gates (each shard too) or refused with a message
-naming the scales, upstream's dense and capability NVFP4 Marlin tests passing, and the command,
-series revision and pin recorded. ``e2e.json`` is checked only where it exists: every format x
-model x dtype served with perplexity within ``E2E_PPL_REL`` of its dequantized reference and
-teacher-forced top-1 agreement of at least ``E2E_TOP1_MIN``, the HTTP requests answered, the bare
-pin refusing, speed and memory rows side by side with the reference.
+naming the scales, tensor- and expert-parallel layers (numerics.json ``tensor_parallel``, where
+present) served within the gates with padded and unpadded shapes, upstream's dense and
+capability NVFP4 Marlin tests passing, and the command, series revision and pin recorded.
+``e2e.json`` is checked only where it exists: every format x model x dtype served with
+perplexity within ``E2E_PPL_REL`` of its dequantized reference and teacher-forced top-1
+agreement of at least ``E2E_TOP1_MIN``, the HTTP requests answered, the bare pin refusing,
+speed and memory rows side by side with the reference.
 """
 
 from __future__ import annotations
@@ -51,6 +53,15 @@ DEFAULT_REPORT_DIR = Path("reports") / "h200"
 FUSED_LAYERS = ("qkv", "gate_up")
 FUSED_RATIOS = (2.0, 0.5, 1e-3)
 FUSED_OUTCOMES = ("served", "refused")
+# Tensor/expert parallel layers (tests/gpu/test_tensor_parallel.py): rank by rank on one GPU,
+# combined, against the unsharded fp32 reference. Checked in full where numerics.json has the
+# list; required once TENSOR_PARALLEL_REQUIRED is set (after the GPU run that writes it).
+TENSOR_PARALLEL_REQUIRED = False
+TP_DENSE_LAYERS = ("qkv", "o", "gate_up", "down")
+TP_LAYERS = (*TP_DENSE_LAYERS, "moe")
+TP_SIZES = (2, 4, 8)
+EP_SIZES = (2, 4)
+TP_OUTCOMES = ("served", "refused")
 # conformance.json: upstream's NVFP4 Marlin tests (fp4series.conformance)
 CONFORMANCE_STATUSES = ("pass", "fail", "not-applicable")
 CONFORMANCE_REQUIRED = (
@@ -320,6 +331,7 @@ def check_numerics(data: Mapping[str, Any], problems: list[str]) -> None:
             elif not all(t.get("passed") is True for t in entries):
                 problems.append(f"{name}: tracing check {check!r} did not pass")
     check_fused_shards(data, problems)
+    check_tensor_parallel(data, problems)
 
 
 def _fused_label(case: Mapping[str, Any]) -> str:
@@ -392,6 +404,107 @@ def check_fused_shards(data: Mapping[str, Any], problems: list[str]) -> None:
                 if (path, dtype, ratio) not in served:
                     problems.append(f"{name}: no served w1 != w3 case for {path} {dtype} "
                                     f"w3/w1 {ratio}")  # fmt: skip
+
+
+def _tp_label(case: Mapping[str, Any]) -> str:
+    size = f"ep={case.get('ep_size')}" if "ep_size" in case else f"tp={case.get('tp_size')}"
+    return (
+        f"{case.get('path')} {case.get('model', '?')} {case.get('layer')} {size} "
+        f"{case.get('dtype')} n={case.get('n')} k={case.get('k')} m={case.get('m')}"
+    )
+
+
+def _positive_int(value: object) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool) and value > 0
+
+
+def check_tensor_parallel_case(name: str, case: Mapping[str, Any], problems: list[str]) -> bool:
+    """One tensor/expert-parallel case: schema, served (a refusal is a failure), within the gates.
+
+    True if its keys are valid (it counts for coverage)."""
+    where = f"{name}: {_tp_label(case)}"
+    path, layer = case.get("path"), case.get("layer")
+    ok = True
+    if path not in PATHS or case.get("dtype") not in DTYPES or layer not in TP_LAYERS:
+        problems.append(f"{where}: path/dtype/layer must be one of {PATHS} / {DTYPES} / "
+                        f"{TP_LAYERS}")  # fmt: skip
+        return False
+    if (layer == "moe") != (path in MOE_PATHS):
+        problems.append(f"{where}: layer {layer!r} does not go with path {path!r}")
+        ok = False
+    sizes = [f for f in ("tp_size", "ep_size") if f in case]
+    if len(sizes) != 1:
+        problems.append(f"{where}: needs exactly one of tp_size and ep_size")
+        ok = False
+    elif sizes[0] == "ep_size" and (layer != "moe" or case["ep_size"] not in EP_SIZES):
+        problems.append(f"{where}: ep_size must be one of {EP_SIZES}, for MoE layers only")
+        ok = False
+    elif sizes[0] == "tp_size" and case["tp_size"] not in TP_SIZES:
+        problems.append(f"{where}: tp_size must be one of {TP_SIZES}")
+        ok = False
+    for field in ("n", "k"):
+        if not _positive_int(case.get(field)):
+            problems.append(f"{where}: {field} must be a positive integer")
+            ok = False
+    if not isinstance(case.get("padded"), bool):
+        problems.append(f"{where}: padded must be true/false")
+        ok = False
+    if not isinstance(case.get("model"), str) or not case.get("model"):
+        problems.append(f"{where}: model must name the model whose shapes were run")
+        ok = False
+    outcome = case.get("outcome")
+    if outcome not in TP_OUTCOMES:
+        problems.append(f"{where}: outcome must be one of {TP_OUTCOMES}, got {outcome!r}")
+        return False
+    if outcome == "refused":
+        error = case.get("error")
+        detail = error if isinstance(error, str) and error else "(no error recorded)"
+        problems.append(f"{where}: refused at load, every case must be served: {detail[:200]}")
+        return ok
+    if not _positive_int(case.get("m")):
+        problems.append(f"{where}: m must be a positive integer")
+        ok = False
+    value, limit = case.get("rel_l2", "absent"), max_rel_l2(case, "rel_l2")
+    if not _is_num(value):
+        problems.append(f"{where}: rel_l2 is {value!r} (run failed?)")
+    elif value > limit:
+        problems.append(f"{where}: rel_l2 {value:.3e} > {limit:.1e}")
+    return ok
+
+
+def check_tensor_parallel(data: Mapping[str, Any], problems: list[str]) -> None:
+    """numerics.json ``tensor_parallel``: every case served within the gates; per path and
+    dtype a padded and an unpadded TP case, a column and a row layer (dense), EP 2 and 4 (MoE)."""
+    name = "numerics.json tensor_parallel"
+    cases = data.get("tensor_parallel")
+    if cases is None and not TENSOR_PARALLEL_REQUIRED:
+        return
+    if not isinstance(cases, list) or not cases:
+        problems.append(f"{name}: missing (the cases of tests/gpu/test_tensor_parallel.py)")
+        return
+    served: list[Mapping[str, Any]] = []
+    for case in cases:
+        if not isinstance(case, Mapping):
+            problems.append(f"{name}: every case must be an object")
+        elif check_tensor_parallel_case(name, case, problems) and case["outcome"] == "served":
+            served.append(case)
+    for path in PATHS:
+        for dtype in DTYPES:
+            mine = [c for c in served if c["path"] == path and c["dtype"] == dtype]
+            tp = [c for c in mine if "tp_size" in c]
+            where = f"{name}: {path} {dtype}"
+            for padded, what in ((True, "a padded"), (False, "an unpadded")):
+                if not any(c["padded"] is padded for c in tp):
+                    problems.append(f"{where}: no served tensor-parallel case with {what} shape")
+            if path in DENSE_PATHS:
+                if not any(c["layer"] in ("qkv", "gate_up") for c in tp):
+                    problems.append(f"{where}: no column-parallel layer (qkv or gate_up)")
+                if not any(c["layer"] in ("o", "down") for c in tp):
+                    problems.append(f"{where}: no row-parallel layer (o or down)")
+            else:
+                for ep in EP_SIZES:
+                    if not any(c.get("ep_size") == ep for c in mine):
+                        problems.append(f"{where}: no served expert-parallel case with ep {ep}")
 
 
 def check_conformance(data: Mapping[str, Any], problems: list[str]) -> None:

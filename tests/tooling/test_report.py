@@ -592,3 +592,92 @@ def test_allow_none_checks_a_lone_e2e_report(
         report._cmd_check(args)  # type: ignore[arg-type]
     out = capsys.readouterr().out
     assert "top-1 agreement 0.9700 < 0.98" in out and "numerics.json: not found" in out
+
+
+def _tensor_parallel() -> list[dict[str, Any]]:
+    """What tests/gpu/test_tensor_parallel.py records: every path and dtype covered."""
+    cases: list[dict[str, Any]] = []
+    for dtype in report.DTYPES:
+        for path in report.DENSE_PATHS:
+            for layer, tp, n, k, padded in (
+                ("gate_up", 8, 7392, 8192, True),
+                ("qkv", 4, 1152, 3584, False),
+                ("down", 8, 8192, 3696, True),
+            ):
+                cases.append({"path": path, "layer": layer, "model": "Qwen2.5-72B",
+                              "tp_size": tp, "dtype": dtype, "n": n, "k": k,
+                              "padded": padded, "outcome": "served", "m": 33,
+                              "rel_l2": 4e-3})  # fmt: skip
+        for path in report.MOE_PATHS:
+            for size, padded in (("tp_size", True), ("tp_size", False), ("ep_size", False)):
+                for value in (8, 4) if size == "tp_size" else report.EP_SIZES:
+                    if size == "tp_size" and padded != (value == 8):
+                        continue
+                    cases.append({"path": path, "layer": "moe", "model": "Qwen3-30B-A3B",
+                                  size: value, "dtype": dtype, "n": 768 // value, "k": 2048,
+                                  "padded": padded, "outcome": "served", "m": 1,
+                                  "rel_l2": 1.2e-2 if dtype == "bfloat16" else 4e-3})  # fmt: skip
+    return cases
+
+
+def test_tensor_parallel_valid_and_checked_only_where_present(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    numerics = _numerics()
+    numerics["tensor_parallel"] = _tensor_parallel()
+    assert report.check_report_dir(_write(tmp_path, numerics=numerics)) == []
+    del numerics["tensor_parallel"]  # a numerics.json from before the test: nothing to check
+    assert report.check_report_dir(_write(tmp_path, numerics=numerics)) == []
+    monkeypatch.setattr(report, "TENSOR_PARALLEL_REQUIRED", True)
+    assert report.check_report_dir(_write(tmp_path, numerics=numerics)) == [
+        "numerics.json tensor_parallel: missing (the cases of tests/gpu/test_tensor_parallel.py)"
+    ]
+
+
+def _tp_problems(tmp_path: Path, edit: Any) -> str:
+    numerics = _numerics()
+    numerics["tensor_parallel"] = _tensor_parallel()
+    edit(numerics["tensor_parallel"])
+    return "\n".join(report.check_report_dir(_write(tmp_path, numerics=numerics)))
+
+
+@pytest.mark.parametrize(
+    "edit, expected",
+    [
+        (lambda c: c[0].update(rel_l2=0.3), "tp=8 float16 n=7392 k=8192 m=33: rel_l2 3.000e-01"),
+        (lambda c: c[0].update(rel_l2=None), "rel_l2 is None (run failed?)"),
+        # bf16 MoE as shipped keeps its 1.5e-2 gate, dense bf16 1e-2
+        (lambda c: c[-1].update(rel_l2=1.6e-2), "rel_l2 1.600e-02 > 1.5e-02"),
+        (
+            lambda c: c[0].update(outcome="refused", error="NVFP4 Marlin cannot run"),
+            "refused at load, every case must be served: NVFP4 Marlin cannot run",
+        ),
+        (lambda c: c[0].update(tp_size=3), "tp_size must be one of (2, 4, 8)"),
+        (lambda c: c[0].update(ep_size=2), "needs exactly one of tp_size and ep_size"),
+        (lambda c: c[0].update(layer="moe"), "layer 'moe' does not go with path"),
+        (lambda c: c[0].pop("padded"), "padded must be true/false"),
+        (lambda c: c[0].update(model=""), "model must name the model"),
+        (lambda c: c[0].update(outcome="skipped"), "outcome must be one of ('served', 'refused')"),
+    ],
+)
+def test_tensor_parallel_gates_and_schema(tmp_path: Path, edit: Any, expected: str) -> None:
+    assert expected in _tp_problems(tmp_path, edit)
+
+
+def test_tensor_parallel_coverage(tmp_path: Path) -> None:
+    def drop(cases: list[dict[str, Any]], keep: Any) -> None:
+        cases[:] = [c for c in cases if keep(c)]
+
+    text = _tp_problems(tmp_path, lambda c: drop(c, lambda x: not x["padded"]))
+    assert "modelopt-dense float16: no served tensor-parallel case with a padded shape" in text
+    assert "ct-moe bfloat16: no served tensor-parallel case with a padded shape" in text
+    text = _tp_problems(tmp_path, lambda c: drop(c, lambda x: x.get("ep_size") != 4))
+    assert "modelopt-moe float16: no served expert-parallel case with ep 4" in text
+    text = _tp_problems(tmp_path, lambda c: drop(c, lambda x: x["layer"] != "down"))
+    assert "ct-dense bfloat16: no row-parallel layer (o or down)" in text
+    # a refused case does not count as covered
+    text = _tp_problems(
+        tmp_path,
+        lambda c: [x.update(outcome="refused", error="x") for x in c if x["layer"] == "moe"],
+    )
+    assert "ct-moe float16: no served expert-parallel case with ep 2" in text
