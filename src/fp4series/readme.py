@@ -8,7 +8,7 @@ in README.md; everything else in the README is prose written by hand. Blocks:
   gpu-numerics  reports/h200/numerics.json and turing_ptx.json (max relative L2 per group)
   gpu-bench   reports/h200/bench.json (time ratios per M range)
   tp-matrix   tests/sglang/_tp_spec.py: model x --tp -> served / padded / refused (the CPU
-              tensor-parallel test's data), pending fixes from tests/sglang/_issue20.py
+              tensor-parallel test's data)
 ``python -m fp4series readme`` rewrites the blocks in place; ``--check`` changes nothing and
 exits 1 naming the blocks that differ (CI runs it).
 """

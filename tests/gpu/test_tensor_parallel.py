@@ -15,10 +15,7 @@ TP 8) and unpadded ones, ModelOpt and compressed-tensors, fp16 and bf16.
 
 Every case goes to numerics.json's ``tensor_parallel`` list (path, layer, model, tp_size or
 ep_size, dtype, m, n, k (per rank), padded, outcome, rel_l2); ``fp4series check-reports``
-gates them (fp4series.report.check_tensor_parallel). Cases that need a fix of issue 20 the
-series lacks are strict xfails (tests/sglang/_issue20.py); expert-parallel cases run only once
-the expert map reaches the Marlin MoE kernel: without it, expert ids of other ranks reach the
-kernel as -1 and its routing would index outside its buffers.
+gates them (fp4series.report.check_tensor_parallel).
 """
 
 from __future__ import annotations
@@ -37,7 +34,6 @@ for _p in (str(HERE), str(SGLANG_TESTS)):
     if _p not in sys.path:
         sys.path.insert(0, _p)
 
-import _issue20  # noqa: E402
 import _parallel  # noqa: E402
 import _tp_spec as spec  # noqa: E402
 from _nvfp4_ckpt import Projection, load_expert, load_linear  # noqa: E402
@@ -323,22 +319,8 @@ def run_case(case: Case, fmt: str, dtype: torch.dtype, monkeypatch) -> list[dict
     return [{**base, "outcome": "served", **r} for r in results]
 
 
-def _marks(case: Case) -> list:
-    if case.ep:
-        # without the map the kernel would index outside its buffers: not run until it lands
-        if _issue20.pending("expert-map"):
-            return [
-                pytest.mark.skip(
-                    reason="issue 20 (expert-map) pending: " + _issue20.PENDING["expert-map"]
-                )
-            ]
-        return []
-    cell = case.cell()
-    return _issue20.marks(cell.pending) if cell.pending else []
-
-
 PARAMS = [
-    pytest.param(case, fmt, dt, id=f"{case.name}-{fmt}-{dt}", marks=_marks(case))
+    pytest.param(case, fmt, dt, id=f"{case.name}-{fmt}-{dt}")
     for case in CASES
     for fmt in FORMATS
     for dt in DTYPES

@@ -21,23 +21,7 @@ Pure Python: tests/sglang/test_tensor_parallel.py asserts it against SGLang's re
 
 from __future__ import annotations
 
-import importlib.util
-import sys
 from dataclasses import dataclass, field
-from pathlib import Path
-
-
-def _issue20():
-    """tests/sglang/_issue20.py beside this file (also when loaded by path: fp4series readme)."""
-    sibling = Path(__file__).with_name("_issue20.py").resolve()
-    cached = sys.modules.get("_issue20")
-    if cached is not None and Path(cached.__file__).resolve() == sibling:
-        return cached
-    spec = importlib.util.spec_from_file_location("_issue20", sibling)
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
 
 
 @dataclass(frozen=True)
@@ -156,7 +140,6 @@ class LayerCell:
     n: int = 0  # per-rank logical N x K (experts: the intermediate I and the hidden size)
     k: int = 0
     gemms: tuple[Gemm, ...] = field(default_factory=tuple)
-    pending: str | None = None  # the issue-20 fix the series still lacks for this cell
 
     @property
     def key(self) -> str:
@@ -209,10 +192,7 @@ def layer_cell(model: Model, layer: str, tp: int) -> LayerCell:
     padded = padded or moe_padded_intermediate(inter, h)
     gemms = (Gemm("w13", 2 * inter, h, 2 * padded, h), Gemm("w2", h, inter, h, padded))
     outcome = "padded" if padded != inter else "served"
-    fix = "moe-padding" if outcome == "padded" and _issue20().pending("moe-padding") else None
-    return LayerCell(
-        model, layer, tp, outcome, shards=(inter, inter), n=inter, k=h, gemms=gemms, pending=fix
-    )
+    return LayerCell(model, layer, tp, outcome, shards=(inter, inter), n=inter, k=h, gemms=gemms)
 
 
 def model_cells(model: Model, tp: int) -> list[LayerCell]:
@@ -231,16 +211,15 @@ def summary(model: Model, tp: int) -> str:
         return f"refused ({refused[0].layer}: {refused[0].error})"
     padded = []
     for c in cells:
-        note = " (pending: issue 20)" if c.pending else ""
         if c.layer == "experts" and c.outcome == "padded":
-            padded.append(f"experts I {c.n}->{c.gemms[1].kernel_k}{note}")
+            padded.append(f"experts I {c.n}->{c.gemms[1].kernel_k}")
             continue
         for g in c.gemms:
             if g.padded:
                 what, size = (
                     ("N", (g.n, g.kernel_n)) if g.kernel_n != g.n else ("K", (g.k, g.kernel_k))
                 )
-                padded.append(f"{c.layer} {what} {size[0]}->{size[1]}{note}")
+                padded.append(f"{c.layer} {what} {size[0]}->{size[1]}")
     return f"padded: {', '.join(padded)}" if padded else "served"
 
 

@@ -19,8 +19,7 @@ MoE layers follow ``--moe-runner-backend`` as upstream 0.5.13 does (issue 20):
 runs Marlin on any GPU that has it, a native runner below SM100 is refused
 with a message naming ``--moe-runner-backend marlin``; ``--fp4-gemm-backend``
 (the dense layers' choice) does not change them.  ``test_moe_runner_matrix``
-drives that axis through a published ``ServerArgs``.  Cells the series does
-not meet yet are strict xfails (``_issue20``).
+drives that axis through a published ``ServerArgs``.
 """
 
 from __future__ import annotations
@@ -28,7 +27,6 @@ from __future__ import annotations
 import importlib
 import json
 import re
-import sys
 import types
 from dataclasses import dataclass
 from pathlib import Path
@@ -42,8 +40,6 @@ from sglang.srt.layers.quantization import fp4_utils
 from sglang.srt.model_loader.weight_utils import get_quant_config
 
 DATA_DIR = Path(__file__).parents[1] / "data" / "nvfp4-configs"
-sys.path.insert(0, str(Path(__file__).parent))
-import _issue20  # noqa: E402
 
 # --------------------------------------------------------------------------
 # The axes
@@ -258,25 +254,6 @@ def expected_cell(
     return expected_fp4_backend_cell(cap, ckpt, backend, dtype, marlin_min)
 
 
-def _outcome(exp: Expected) -> tuple:
-    return (exp.error, exp.method, exp.scheme, exp.use_marlin)
-
-
-def moe_flag_pending(
-    cap: tuple[int, int], ckpt: str, fp4_backend: str, moe_backend: str, dtype: torch.dtype
-) -> list:
-    """Strict xfail marks for MoE cells whose outcome the moe-runner-flag fix changes.
-
-    Before it the series picks ModelOpt and compressed-tensors NVFP4 MoE Marlin from
-    ``--fp4-gemm-backend`` as it does the dense layers, and ignores ``--moe-runner-backend``.
-    """
-    if not CHECKPOINTS[ckpt].moe:
-        return []
-    before = expected_fp4_backend_cell(cap, ckpt, fp4_backend, dtype, MARLIN_MIN)
-    wanted = expected_moe_cell(cap, ckpt, moe_backend, dtype, MARLIN_MIN, fp4_backend)
-    return _issue20.marks("moe-runner-flag") if _outcome(before) != _outcome(wanted) else []
-
-
 # --------------------------------------------------------------------------
 # Driving SGLang
 # --------------------------------------------------------------------------
@@ -434,7 +411,6 @@ def _cells(caps, ckpts):
             backend,
             dtype,
             id=f"sm{cap[0]}{cap[1]}-{ckpt}-{backend}-{dtype}",
-            marks=moe_flag_pending(cap, ckpt, backend, "auto", DTYPES[dtype]),
         )
         for cap in caps
         for ckpt in ckpts
@@ -516,7 +492,6 @@ def _moe_runner_cells():
             moe,
             dtype,
             id=f"sm{cap[0]}{cap[1]}-{ckpt}-fp4_{fp4}-moe_{moe}-{dtype}",
-            marks=moe_flag_pending(cap, ckpt, fp4, moe, DTYPES[dtype]),
         )
 
     cells = [
@@ -596,6 +571,48 @@ def test_fp4_gemm_backend_server_arg():
     assert fp4_utils.Fp4GemmRunnerBackend("marlin").is_marlin()
 
 
+@pytest.mark.parametrize(
+    "cuda_device,backend",
+    [
+        pytest.param(cap, b, id=f"sm{cap[0]}{cap[1]}-{b}")
+        for cap in CAPABILITIES
+        for b in ["auto", "marlin", "flashinfer_trtllm", "flashinfer_cutlass", "flashinfer_cutedsl"]
+    ],
+    indirect=["cuda_device"],
+)
+def test_moe_runner_backend_resolution(record_cell, cuda_device, backend):
+    """--moe-runner-backend decides NVFP4 MoE: marlin on request, auto below SM100, a native
+    runner below SM100 refused (never replaced); --fp4-gemm-backend has no say."""
+    from sglang.srt.layers.moe import utils as moe_utils
+
+    cap = cuda_device.capability
+    wanted = backend == "marlin" or (backend == "auto" and cap < (10, 0))
+    for fp4_backend in ("auto", "marlin"):  # the dense flag does not move MoE
+        fp4_utils.initialize_fp4_gemm_config(
+            types.SimpleNamespace(fp4_gemm_runner_backend=fp4_backend)
+        )
+        moe_utils.MOE_RUNNER_BACKEND = MoeRunnerBackend(backend)
+        if not wanted and cap < (10, 0):
+            with pytest.raises(ValueError, match="--moe-runner-backend marlin"):
+                fp4_utils.should_use_nvfp4_marlin_moe()
+        else:
+            assert fp4_utils.should_use_nvfp4_marlin_moe() is wanted
+    record_cell()
+
+
+def test_moe_runner_backend_server_arg():
+    """`--moe-runner-backend marlin` parses (upstream 0.5.13 offers it too)."""
+    import argparse
+
+    from sglang.srt.server_args import ServerArgs
+
+    parser = argparse.ArgumentParser()
+    ServerArgs.add_cli_args(parser)
+    ns = parser.parse_args(["--model-path", "x", "--moe-runner-backend", "marlin"])
+    assert ns.moe_runner_backend == "marlin"
+    assert MoeRunnerBackend(ns.moe_runner_backend).is_marlin()
+
+
 def test_min_capability():
     """The loader gate for NVFP4 is 75; native W4A4 schemes still need SM100."""
     from sglang.srt.layers.quantization.compressed_tensors import schemes
@@ -666,8 +683,12 @@ def test_marlin_prepare_receives_multipliers(
 
     monkeypatch.setattr(module, name, recorder)
 
-    # SM100 with an explicit marlin request (upstream issue #43988's set-up);
-    # below SM100 auto reaches the same code (see the matrix).
+    # SM100 with an explicit marlin request (upstream issue #43988's set-up; MoE asks with
+    # --moe-runner-backend); below SM100 auto reaches the same code (see the matrix).
+    if ckpt.moe:
+        from sglang.srt.layers.moe import utils as moe_utils
+
+        monkeypatch.setattr(moe_utils, "MOE_RUNNER_BACKEND", MoeRunnerBackend.MARLIN)
     _, layer, method = run_cell(ckpt, "marlin", torch.bfloat16)
     gen = torch.Generator().manual_seed(7)
     if ckpt_key == "modelopt-dense":

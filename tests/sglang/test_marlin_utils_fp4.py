@@ -562,8 +562,7 @@ def test_prepare_moe(m, monkeypatch, dtype):
 @pytest.mark.parametrize(
     "hidden, inter, g13, match",
     [
-        (128, 48, torch.ones(2), r"w13 with N=96, K=128"),
-        (96, 64, torch.ones(2), r"w13 with N=128, K=96"),
+        (96, 64, torch.ones(2), r"w13 with N=128, K=96"),  # the hidden size is not padded
         (128, 64, torch.ones(3), r"w13_weight_scale_2 needs one value per expert \(2\)"),
         # w3's scale is 0: never served, whatever the kernel can fold
         (
@@ -586,6 +585,54 @@ def test_prepare_moe_errors(m, monkeypatch, hidden, inter, g13, match):
     with pytest.raises(ValueError, match=match):
         m.prepare_moe_nvfp4_layer_for_marlin(layer)
     assert not calls
+
+
+@pytest.mark.parametrize("dtype", [FP16, BF16])
+def test_prepare_moe_pads_the_intermediate_size(m, monkeypatch, dtype):
+    """An intermediate size that misses Marlin's tiles (tensor parallelism: 768 / 8 = 96)
+    is zero-padded per w1/w3 half and along w2's K; the kernel sizes follow."""
+    e, hidden, inter, padded = 2, 128, 48, 64
+    calls = _stub_kernels(m, monkeypatch)
+    layer = _moe(e, hidden, inter, dtype, seed=8)
+    layer.w13_weight_scale_2 = torch.nn.Parameter(torch.tensor([[0.5, 0.5], [0.25, 0.25]]))
+    layer.w2_weight_scale_2 = torch.nn.Parameter(torch.tensor([1.0, 0.125]))
+    w13_0, w2_0 = layer.w13_weight.clone(), layer.w2_weight.clone()
+    s13_0, s2_0 = layer.w13_weight_scale.clone(), layer.w2_weight_scale.clone()
+
+    m.prepare_moe_nvfp4_layer_for_marlin(layer)
+
+    assert [c[2:] for c in calls] == [(hidden, 2 * padded, 4)] * e + [(padded, hidden, 4)] * e
+    zeros13 = torch.zeros(padded - inter, hidden, dtype=torch.int64)
+    zeros2 = torch.zeros(hidden, padded - inter, dtype=torch.int64)
+    for i in range(e):
+        w13 = _unpack_gptq_int32(calls[i][0], hidden)  # codes [2 * padded, hidden]
+        gate, up = _unpack_modelopt(w13_0[i][:inter]), _unpack_modelopt(w13_0[i][inter:])
+        assert torch.equal(w13, torch.cat([gate, zeros13, up, zeros13]))
+        w2 = _unpack_gptq_int32(calls[e + i][0], padded)  # codes [hidden, padded]
+        assert torch.equal(w2, torch.cat([_unpack_modelopt(w2_0[i]), zeros2], dim=1))
+    # block scales: the padded rows / columns decode to 0, the others are kept
+    block13 = _kernel_scale_decode(layer.w13_weight_scale, dtype)  # [E, K/16, 2 * padded]
+    block2 = _kernel_scale_decode(layer.w2_weight_scale, dtype)  # [E, padded/16, hidden]
+    for i in range(e):
+        pad = torch.zeros(padded - inter, hidden // 16)
+        s13 = torch.cat([s13_0[i][:inter].float(), pad, s13_0[i][inter:].float(), pad])
+        assert torch.equal(block13[i] != 0, _marlin_scale_layout(s13) != 0)
+        s2 = torch.cat([s2_0[i].float(), torch.zeros(hidden, (padded - inter) // 16)], dim=1)
+        assert torch.equal(block2[i] != 0, _marlin_scale_layout(s2) != 0)
+
+
+@pytest.mark.parametrize(
+    "hidden, inter, padded",
+    [
+        (2048, 96, 128),  # Qwen3-30B-A3B at --tp 8 (768 / 8)
+        (4096, 192, 192),  # Qwen3-235B-A22B at --tp 8 (1536 / 8): no padding
+        (4096, 96, 128),  # Qwen3-235B-A22B at --tp 16
+        (4096, 1792, 1792),  # Mixtral-8x7B at --tp 8 (14336 / 8): no padding
+        (2048, 768, 768),  # Qwen3-30B-A3B at --tp 1
+    ],
+)
+def test_moe_padded_intermediate_real_models(m, hidden, inter, padded):
+    assert m._moe_padded_intermediate(hidden, inter) == padded
 
 
 @pytest.mark.parametrize("names", [("w13_bias",), ("w2_bias",), ("w13_bias", "w2_bias")])

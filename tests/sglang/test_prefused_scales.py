@@ -30,7 +30,6 @@ from sglang.srt.layers.moe.fused_moe_triton import FusedMoE
 from sglang.srt.layers.moe.fused_moe_triton import fused_marlin_moe as _fused_marlin_moe  # noqa: F401
 
 sys.path.insert(0, str(Path(__file__).parent))
-import _issue20  # noqa: E402
 from _nvfp4_ckpt import (  # noqa: E402
     CONFIG_DIRS,
     FORMATS,
@@ -103,12 +102,10 @@ def _served_exactly(layer, dtype: torch.dtype, blocks: torch.Tensor, multipliers
     torch.testing.assert_close(got, expected, rtol=rtol, atol=0)
 
 
-def _cases(layouts: dict[str, list]):
+def _cases(layouts: tuple[str, ...]):
     return [
-        pytest.param(
-            kind, fmt, tp, dt, layout, id=f"{kind}-{fmt}-tp{tp}-{dt}-{layout}", marks=marks
-        )
-        for layout, marks in layouts.items()
+        pytest.param(kind, fmt, tp, dt, layout, id=f"{kind}-{fmt}-tp{tp}-{dt}-{layout}")
+        for layout in layouts
         for kind in ("qkv", "gate_up")
         for fmt in FORMATS
         for tp in (1, 2)
@@ -119,7 +116,7 @@ def _cases(layouts: dict[str, list]):
 @pytest.mark.parametrize("cuda_device", [pytest.param((9, 0), id="sm90")], indirect=True)
 @pytest.mark.parametrize(
     ("kind", "fmt", "tp", "dtype_name", "layout"),
-    _cases({"per-shard": [], "pre-fused": _issue20.marks("prefused-scales")}),
+    _cases(("per-shard", "pre-fused")),
 )
 def test_fused_layer_scales_every_layout(
     cuda_device, parallel_ranks, marlin_kernels, kind, fmt, tp, dtype_name, layout
@@ -169,7 +166,6 @@ def _never_loaded(message: str, prefix: str, *names: str) -> bool:
             fmt,
             missing,
             id=f"{kind}-{fmt}-no-{missing}-scale",
-            marks=_issue20.marks("scale-sentinel"),
         )
         for kind, missing in (("qkv", 1), ("gate_up", 1), ("qkv", 2))
         for fmt in FORMATS
@@ -251,7 +247,6 @@ def test_expert_scales_per_expert_per_half(
             expert,
             shard,
             id=f"{fmt}-expert{expert}-{shard}",
-            marks=_issue20.marks("scale-sentinel"),
         )
         for fmt in FORMATS
         for expert, shard in ((2, "w3"), (1, "w1"), (3, "w2"))

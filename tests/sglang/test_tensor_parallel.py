@@ -44,7 +44,6 @@ from sglang.srt.layers.moe.fused_moe_triton import fused_marlin_moe as _fused_ma
 from sglang.srt.layers.moe.topk import StandardTopKOutput
 
 sys.path.insert(0, str(Path(__file__).parent))
-import _issue20  # noqa: E402
 import _tp_spec as spec  # noqa: E402
 from _nvfp4_ckpt import (  # noqa: E402
     CONFIG_DIRS,
@@ -355,8 +354,7 @@ def _params() -> list:
         cells, key=lambda c: (spec.MODELS.index(c.model), c.model.layers.index(c.layer), c.tp)
     ):
         for fmt in FORMATS:
-            marks = _issue20.marks(cell.pending) if cell.pending else []
-            params.append(pytest.param(cell, fmt, id=f"{cell.key}-{fmt}", marks=marks))
+            params.append(pytest.param(cell, fmt, id=f"{cell.key}-{fmt}"))
     return params
 
 
@@ -456,7 +454,7 @@ def test_ep_rank_loads_and_runs_its_local_experts(
 @pytest.mark.parametrize("cuda_device", [pytest.param((9, 0), id="sm90")], indirect=True)
 @pytest.mark.parametrize(
     ("fmt", "ep"),
-    [pytest.param(*p.values, id=p.id, marks=_issue20.marks("expert-map")) for p in EP_CELLS],
+    [pytest.param(*p.values, id=p.id) for p in EP_CELLS],
 )
 def test_ep_expert_map_reaches_fused_marlin_moe(
     cuda_device, parallel_ranks, marlin_kernels, fmt, ep

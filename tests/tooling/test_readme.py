@@ -29,25 +29,21 @@ def project(tmp_path: Path) -> Path:
     for rel in ("README.md", "upstream.lock"):  # the lock names the lines (line-V blocks)
         shutil.copy2(REPO / rel, tmp_path / rel)
     (tmp_path / "tests/sglang").mkdir(parents=True)
-    for rel in ("tests/sglang/_tp_spec.py", "tests/sglang/_issue20.py"):  # the tp-matrix block
-        shutil.copy2(REPO / rel, tmp_path / rel)
+    shutil.copy2(REPO / "tests/sglang/_tp_spec.py", tmp_path / "tests/sglang/_tp_spec.py")
     return tmp_path
 
 
-def test_the_tp_matrix_follows_the_test_data_and_the_pending_fixes(
-    project: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    """The block is the CPU test's data; fixes of issue 20 that land drop their "pending"."""
+def test_the_tp_matrix_follows_the_test_data(project: Path) -> None:
+    """The block is the CPU test's data (tests/sglang/_tp_spec.py), regenerated as it is."""
     text = (project / "README.md").read_text()
     block = text.split("<!-- generated: tp-matrix -->")[1].split("<!-- end generated")[0]
     assert "| Qwen2.5-7B (`Qwen/Qwen2.5-7B`) | served | served | served | refused (qkv: " in block
     assert "| Qwen2.5-72B (`Qwen/Qwen2.5-72B`) | served | served | padded: down K 7392->7424 |" in (
         block
     )
-    monkeypatch.setenv("FP4SERIES_ISSUE20_LANDED", "all")  # as if every PENDING entry were gone
+    assert "experts I 96->128 |" in block
     new, changed = readme.render(text, project)
-    assert changed == (["tp-matrix"] if "(pending: issue 20)" in block else [])
-    assert "experts I 96->128 |" in new and "(pending: issue 20)" not in new
+    assert changed == [] and new == text
 
 
 def test_a_changed_report_is_drift_and_rewriting_fixes_it(
