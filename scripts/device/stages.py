@@ -16,6 +16,9 @@ issue 13) serves the checkpoints of serve/make_checkpoints.py through SGLang's e
 it needs SGLang's whole runtime (serve/README.md's wheelhouse venv as PYTHON), so it is not a
 default stage. It reads FP4SERIES_PIN_TREE (the bare pin, its negative control),
 FP4SERIES_DEADLINE_EPOCH (``--deadline``) and FP4SERIES_E2E_ARGS (its own options).
+The kernels stage (issue 23, not a default) builds the standalone NVFP4 kernels of
+bench/kernels/ with nvcc, checks them against an fp32 reference and times them beside FP4 Marlin,
+bf16 cuBLAS and the roofline (bench/kernels/run_round.py); FP4SERIES_KERNELS_ARGS adds options.
 """
 
 from __future__ import annotations
@@ -85,6 +88,12 @@ STAGES: dict[str, Stage] = {
             (*PYTEST, "tests/gpu/test_tensor_parallel.py"),
             ("numerics.json",),
             _modules(patched=f"{MARLIN.format('bf16')} {MARLIN.format('fp16')}"),
+        ),
+        Stage(
+            "kernels",
+            ("bench/kernels/run_round.py", "--out", "{report_dir}"),
+            ("kernels.json", "kernels.md", "dispatch.json", "build.txt"),
+            _modules(patched="gptq_marlin:bf16 repack"),
         ),
         Stage(
             "e2e",

@@ -1,0 +1,504 @@
+// NVFP4 weight-only GEMM for few rows (M <= 64): out[M, N] = x[M, K] @ W^T, W in the Marlin
+// NVFP4 layout exactly as prepare_nvfp4_layer_for_marlin leaves it (marlin_layout.py models it).
+//
+// Design (bench/kernels/NOTES.md has the numbers):
+// * The weights are the A operand of mma.m16n8k16 (rows = 16 output columns n, 16 k), the
+//   activations the B operand (8 rows m). The repack already lays each lane's 8 nibbles of one
+//   int32 out as exactly such an A fragment (rows g, g+8; k 2t, 2t+1, 2t+8, 2t+9), and one
+//   lane's 16 bytes as the fragments of 4 adjacent 16-column subtiles: a warp reads one
+//   16 x 64 tile as 512 contiguous bytes (one 16-byte load per lane).
+// * Each warp owns one 64-column n-tile and walks k-tiles; U tiles of weights and their scales
+//   are in flight per warp (a register ring refilled as each tile is consumed).
+// * Block = 8 warps = WN n-tiles x WK k-interleaved warps. The activations of the block's
+//   k-slice pass through shared memory in chunks of 8U k-tiles, double-buffered (16-byte
+//   cp.async of the next chunk while this one is consumed), read as B fragments by ldmatrix.
+// * Split-K over blocks (gridDim.y): fp32 partials in a workspace, the last block of an
+//   n-group (atomic counter, reset by that block) sums them in split order (deterministic).
+// * Epilogue: out = acc * g * col_scale[n] + bias[n] in fp32, rounded once to the act dtype.
+// Block scales decode exactly (fp16: half(s*2^7) as Marlin; bf16: the byte's E5M3 placed in a
+// bf16 exponent and multiplied by 2^127, valid for every scale byte, also those Marlin's bf16
+// decode reads 2^-112 too small). SM80+ (mma.sync bf16, cp.async, ldmatrix).
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+#include <cuda_runtime.h>
+#include <stdint.h>
+
+namespace fp4k {
+
+constexpr int kThreads = 256;
+constexpr int kWarps = 8;
+
+struct GemvParams {
+  const void* x;              // [M, lda] activations (act dtype)
+  const uint4* qweight;       // [K/16, 2N] int32, as 16-byte units
+  const uint8_t* scales;      // [K/16, N] Marlin scale bytes
+  const uint16_t* gscale;     // 1 value, act dtype bits: g * 2^(bias - 7)
+  const float* col_scale;     // [n_out] or null
+  const void* bias;           // [n_out] act dtype or null
+  void* out;                  // [M, ldo] act dtype
+  float* ws;                  // [splits, M, N] fp32 partials (splits > 1)
+  int* counters;              // [gridDim.x] zero before the first call; left zero
+  int M, lda, k_in, N, K, n_out, ldo, wn, kt_per_split;
+};
+
+// Predicated loads straight into the ring slot ("+r": a skipped load keeps the slot as it
+// was). A plain `if (ok) slot = load()` made the compiler load into a temporary and copy it
+// into the slot at once, which waits for the load and serializes the pipeline.
+__device__ __forceinline__ void ld_weights(uint4& r, const uint4* p, bool ok) {
+  asm volatile(
+      "{\n .reg .pred q;\n setp.ne.b32 q, %5, 0;\n"
+      " @q ld.global.nc.L1::no_allocate.L2::256B.v4.u32 {%0,%1,%2,%3}, [%4];\n}\n"
+      : "+r"(r.x), "+r"(r.y), "+r"(r.z), "+r"(r.w)
+      : "l"(p), "r"((int)ok));
+}
+
+__device__ __forceinline__ void ld_scales(uint2& r, const uint8_t* p, bool ok) {
+  asm volatile(
+      "{\n .reg .pred q;\n setp.ne.b32 q, %3, 0;\n"
+      " @q ld.global.nc.L1::no_allocate.v2.u32 {%0,%1}, [%2];\n}\n"
+      : "+r"(r.x), "+r"(r.y)
+      : "l"(p), "r"((int)ok));
+}
+
+// 16 bytes global -> shared, asynchronous; src_bytes = 0 writes zeros (k beyond the input).
+__device__ __forceinline__ void cp_async16(void* smem_dst, const void* src, int src_bytes) {
+  const uint32_t dst = static_cast<uint32_t>(__cvta_generic_to_shared(smem_dst));
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(dst), "l"(src), "r"(src_bytes));
+}
+__device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::); }
+template <int n>
+__device__ __forceinline__ void cp_async_wait() {
+  asm volatile("cp.async.wait_group %0;\n" ::"n"(n));
+}
+
+// The B fragment (k 16 x 8 rows m) of mma.m16n8k16 from row-major [m][k] shared memory:
+// matrices 0 and 1 are k 0..7 and 8..15 of the 8 rows; lanes 0..15 give the row addresses.
+__device__ __forceinline__ uint2 ldmatrix_x2(const void* smem_row) {
+  uint2 r;
+  const uint32_t a = static_cast<uint32_t>(__cvta_generic_to_shared(smem_row));
+  asm volatile("ldmatrix.sync.aligned.m8n8.x2.shared.b16 {%0,%1}, [%2];\n" : "=r"(r.x), "=r"(r.y) : "r"(a));
+  return r;
+}
+
+// Two FP4 codes (nibbles at bits 12..15 and 28..31) -> two 16-bit values, fp4 * 2^-126 (bf16)
+// or fp4 * 2^-14 (fp16): sign kept, exponent+mantissa bits moved into the low exponent bits.
+template <bool kBf16>
+__device__ __forceinline__ uint32_t fp4_pair(uint32_t v) {
+  constexpr int kShift = kBf16 ? 6 : 3;
+  return (v & 0x80008000u) | ((v >> kShift) & (0x70007000u >> kShift));
+}
+
+// Scale bytes 0 and 2 (odd = false) or 1 and 3 (odd = true) of a word -> 16-bit pair
+// (s[row g], s[row g + 8]) times 2^22 (bf16) or 2^7 (fp16).
+template <bool kBf16>
+__device__ __forceinline__ uint32_t scale_pair(uint32_t w, bool odd) {
+  if constexpr (kBf16) {
+    uint32_t bits = odd ? ((w >> 4) & 0x0FF00FF0u) : ((w << 4) & 0x0FF00FF0u);  // 2^(e5-127)(1+m/8)
+    __nv_bfloat162 v = *reinterpret_cast<__nv_bfloat162*>(&bits);
+    const uint32_t two127 = 0x7F007F00u;  // bf16 2^127 in both halves
+    v = __hmul2(v, *reinterpret_cast<const __nv_bfloat162*>(&two127));
+    return *reinterpret_cast<uint32_t*>(&v);
+  } else {
+    return odd ? ((w >> 1) & 0x7F807F80u) : ((w << 7) & 0x7F807F80u);  // half(s * 2^7)
+  }
+}
+
+template <bool kBf16>
+__device__ __forceinline__ uint32_t mul2(uint32_t a, uint32_t b) {
+  if constexpr (kBf16) {
+    __nv_bfloat162 r = __hmul2(*reinterpret_cast<__nv_bfloat162*>(&a), *reinterpret_cast<__nv_bfloat162*>(&b));
+    return *reinterpret_cast<uint32_t*>(&r);
+  } else {
+    __half2 r = __hmul2(*reinterpret_cast<__half2*>(&a), *reinterpret_cast<__half2*>(&b));
+    return *reinterpret_cast<uint32_t*>(&r);
+  }
+}
+
+// Both halves of a 16-bit pair set to its low (hi = false) or high half. Written with the
+// half-precision intrinsics so that ptxas can fold it into the multiply's operand (.H0_H0).
+template <bool kBf16>
+__device__ __forceinline__ uint32_t bcast(uint32_t v, bool hi) {
+  if constexpr (kBf16) {
+    __nv_bfloat162 b = *reinterpret_cast<__nv_bfloat162*>(&v);
+    b = hi ? __high2bfloat162(b) : __low2bfloat162(b);
+    return *reinterpret_cast<uint32_t*>(&b);
+  } else {
+    __half2 h = *reinterpret_cast<__half2*>(&v);
+    h = hi ? __high2half2(h) : __low2half2(h);
+    return *reinterpret_cast<uint32_t*>(&h);
+  }
+}
+
+template <bool kBf16>
+__device__ __forceinline__ void mma16816(float* c, const uint32_t* a, uint32_t b0, uint32_t b1) {
+  if constexpr (kBf16) {
+    asm volatile(
+        "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
+        "{%0,%1,%2,%3};\n"
+        : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+  } else {
+    asm volatile(
+        "mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
+        "{%0,%1,%2,%3};\n"
+        : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+  }
+}
+
+template <bool kBf16>
+__device__ __forceinline__ float act_to_float(const void* p, int i) {
+  if constexpr (kBf16) {
+    return __bfloat162float(reinterpret_cast<const __nv_bfloat16*>(p)[i]);
+  } else {
+    return __half2float(reinterpret_cast<const __half*>(p)[i]);
+  }
+}
+
+template <bool kBf16>
+__device__ __forceinline__ void store_act(void* p, size_t i, float v) {
+  if constexpr (kBf16) {
+    reinterpret_cast<__nv_bfloat16*>(p)[i] = __float2bfloat16_rn(v);
+  } else {
+    reinterpret_cast<__half*>(p)[i] = __float2half_rn(v);
+  }
+}
+
+// Shared memory, in 32-bit words, for MT m-blocks of 8 rows and a chunk of 8 * U k-tiles.
+template <int MT, int U>
+struct Smem {
+  static constexpr int kChunkTiles = 8 * U;
+  // Activations: two buffers (double-buffered cp.async) of 8*MT rows x the chunk's k, rows
+  // padded by 16 bytes so that ldmatrix's 8 row reads fall in distinct banks.
+  static constexpr int kXRow = kChunkTiles * 16 + 8;  // 16-bit elements per row
+  static constexpr int kXBuf = 8 * MT * kXRow / 2;    // words per buffer
+  static constexpr int kX = 2 * kXBuf;
+  static constexpr int kRed = (kWarps - 1) * 16 * MT * 32;
+  // Widest block: 8 n-tiles, 4 for MT = 8 (keeps the staged output within 99 KB: SM86/89).
+  static constexpr int kMaxWn = MT >= 8 ? 4 : 8;
+  static constexpr int kCStride = kMaxWn * 64 + 4;  // one row of the block's columns
+  static constexpr int kC = 8 * MT * kCStride;
+  static constexpr int kWords = kX > kRed ? (kX > kC ? kX : kC) : (kRed > kC ? kRed : kC);
+  static constexpr int kBytes = kWords * 4;
+};
+
+template <bool kBf16, int MT, int U>
+__global__ void __launch_bounds__(kThreads, MT <= 2 ? 2 : 1) fp4_gemv_kernel(const GemvParams p) {
+  using S = Smem<MT, U>;
+  extern __shared__ uint32_t smem[];
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+  const int g = lane / 4, t = lane % 4;
+  const int wn = p.wn, wk = kWarps / wn;
+  const int warp_n = warp % wn, warp_k = warp / wn;
+  const int n_tiles = p.N / 64, k_tiles = p.K / 16;
+  const int nt = blockIdx.x * wn + warp_n;
+  const bool n_ok = nt < n_tiles;
+  const int kt0 = blockIdx.y * p.kt_per_split;
+  const int kt1 = min(k_tiles, kt0 + p.kt_per_split);
+  const int rows = min(p.M, 8 * MT);
+
+  // The warp's i-th k-tile is kt0 + warp_k + wk * i; a chunk of 8U k-tiles holds U * wn of them.
+  const uint4* wptr = p.qweight + (size_t)nt * 32 + lane;
+  const size_t w_row = (size_t)p.N / 2;  // 16-byte units per k-tile row
+  const uint8_t* sptr = p.scales + (size_t)nt * 64 + g * 8;
+
+  uint4 wq[U];
+  uint2 sq[U];
+#pragma unroll
+  for (int s = 0; s < U; ++s) {
+    const int kt = kt0 + warp_k + wk * s;
+    const bool ok = n_ok && kt < kt1;
+    wq[s] = make_uint4(0, 0, 0, 0);
+    sq[s] = make_uint2(0, 0);
+    ld_weights(wq[s], wptr + (ok ? kt : 0) * w_row, ok);
+    ld_scales(sq[s], sptr + (size_t)(ok ? kt : 0) * p.N, ok);
+  }
+
+  float acc[4][MT][4];
+#pragma unroll
+  for (int j = 0; j < 4; ++j)
+#pragma unroll
+    for (int mt = 0; mt < MT; ++mt)
+#pragma unroll
+      for (int e = 0; e < 4; ++e) acc[j][mt][e] = 0.f;
+
+  // Activations: rows >= M stay zero (written once); chunk c of the block's k-slice is copied
+  // (cp.async) into buffer c % 2 while chunk c - 1 is consumed.
+  {
+    uint4* z = reinterpret_cast<uint4*>(smem);
+    for (int idx = threadIdx.x; idx < S::kX / 4; idx += kThreads) z[idx] = make_uint4(0, 0, 0, 0);
+  }
+  __syncthreads();
+  const uint16_t* xg = reinterpret_cast<const uint16_t*>(p.x);
+  auto fill = [&](int cb, int buf) {
+    uint16_t* dst = reinterpret_cast<uint16_t*>(smem + buf * S::kXBuf);
+    const int per_row = S::kChunkTiles * 2;  // 16-byte pieces of one row
+    for (int idx = threadIdx.x; idx < rows * per_row; idx += kThreads) {
+      const int m = idx / per_row, piece = idx % per_row;
+      const int k = cb * 16 + piece * 8;
+      const bool in = k < p.k_in;
+      cp_async16(dst + m * S::kXRow + piece * 8, xg + (in ? (size_t)m * p.lda + k : 0), in ? 16 : 0);
+    }
+    cp_async_commit();
+  };
+  // ldmatrix row address of this lane (rows g of m-block 0; lanes 8..15: k + 8)
+  const int lm_row = lane % 8, lm_koff = ((lane / 8) % 2) * 8;
+  int i = 0;  // the warp's k-tile counter
+  // Next refill: the warp's k-tile i + U, by running pointers (no 64-bit multiply per tile).
+  int kn = kt0 + warp_k + wk * U;
+  const uint4* wnext = wptr + (size_t)kn * w_row;
+  const uint8_t* snext = sptr + (size_t)kn * p.N;
+  const size_t wstep = (size_t)wk * w_row, sstep = (size_t)wk * p.N;
+  if (kt0 < kt1) fill(kt0, 0);
+  for (int cb = kt0, c = 0; cb < kt1; cb += S::kChunkTiles, ++c) {
+    if (cb + S::kChunkTiles < kt1) {
+      fill(cb + S::kChunkTiles, (c + 1) % 2);
+      cp_async_wait<1>();
+    } else {
+      cp_async_wait<0>();
+    }
+    __syncthreads();  // chunk c is in buffer c % 2 for every thread
+    const uint16_t* xbuf = reinterpret_cast<const uint16_t*>(smem + (c % 2) * S::kXBuf);
+    for (int r = 0; r < wn; ++r) {
+#pragma unroll
+      for (int s = 0; s < U; ++s, ++i) {
+        const int kt = kt0 + warp_k + wk * i;
+        if (!(n_ok && kt < kt1)) continue;
+        const int lt = kt - cb;
+        uint2 xb[MT];
+#pragma unroll
+        for (int mt = 0; mt < MT; ++mt)
+          xb[mt] = ldmatrix_x2(xbuf + (mt * 8 + lm_row) * S::kXRow + lt * 16 + lm_koff);
+        const uint32_t qw[4] = {wq[s].x, wq[s].y, wq[s].z, wq[s].w};
+        const uint32_t sw[2] = {sq[s].x, sq[s].y};
+#pragma unroll
+        for (int j = 0; j < 4; ++j) {
+          const uint32_t sp = scale_pair<kBf16>(sw[j / 2], j % 2);
+          const uint32_t lo = bcast<kBf16>(sp, false), hi = bcast<kBf16>(sp, true);
+          const uint32_t q = qw[j];
+          uint32_t a[4];
+          a[0] = mul2<kBf16>(fp4_pair<kBf16>(q << 12), lo);
+          a[1] = mul2<kBf16>(fp4_pair<kBf16>(q << 4), hi);
+          a[2] = mul2<kBf16>(fp4_pair<kBf16>(q << 8), lo);
+          a[3] = mul2<kBf16>(fp4_pair<kBf16>(q), hi);
+#pragma unroll
+          for (int mt = 0; mt < MT; ++mt) mma16816<kBf16>(acc[j][mt], a, xb[mt].x, xb[mt].y);
+        }
+        // refill this slot with the warp's k-tile i + U (after its last use: no copies)
+        const bool more = kn < kt1;
+        ld_weights(wq[s], wnext, more);
+        ld_scales(sq[s], snext, more);
+        kn += wk;
+        wnext += wstep;
+        snext += sstep;
+      }
+    }
+    __syncthreads();  // buffer c % 2 is consumed before chunk c + 2 is copied into it
+  }
+
+  // Reduce the WK warps of an n-tile (fixed order), then stage the block's [rows, wn*64] fp32.
+  float* fsm = reinterpret_cast<float*>(smem);
+  __syncthreads();
+  if (wk > 1) {
+    if (warp_k > 0) {
+      float* dst = fsm + ((warp_k - 1) * wn + warp_n) * 16 * MT * 32 + lane;
+#pragma unroll
+      for (int j = 0; j < 4; ++j)
+#pragma unroll
+        for (int mt = 0; mt < MT; ++mt)
+#pragma unroll
+          for (int e = 0; e < 4; ++e) dst[((j * MT + mt) * 4 + e) * 32] = acc[j][mt][e];
+    }
+    __syncthreads();
+    if (warp_k == 0) {
+      for (int w = 1; w < wk; ++w) {
+        const float* src = fsm + ((w - 1) * wn + warp_n) * 16 * MT * 32 + lane;
+#pragma unroll
+        for (int j = 0; j < 4; ++j)
+#pragma unroll
+          for (int mt = 0; mt < MT; ++mt)
+#pragma unroll
+            for (int e = 0; e < 4; ++e) acc[j][mt][e] += src[((j * MT + mt) * 4 + e) * 32];
+      }
+    }
+    __syncthreads();
+  }
+  const int cols = wn * 64;
+  if (warp_k == 0) {
+#pragma unroll
+    for (int j = 0; j < 4; ++j)
+#pragma unroll
+      for (int mt = 0; mt < MT; ++mt)
+#pragma unroll
+        for (int e = 0; e < 4; ++e) {
+          const int n = warp_n * 64 + j * 16 + g + (e >= 2 ? 8 : 0);
+          const int m = mt * 8 + 2 * t + (e & 1);
+          fsm[m * S::kCStride + n] = acc[j][mt][e];
+        }
+  }
+  __syncthreads();
+
+  const int n_base = blockIdx.x * cols;
+  float gmul;
+  {
+    const uint16_t gb = *p.gscale;
+    if constexpr (kBf16) {
+      gmul = __bfloat162float(__ushort_as_bfloat16(gb)) * 0x1p-15f;  // operand scale 2^-104
+    } else {
+      gmul = __half2float(__ushort_as_half(gb));  // operand scale 2^-7
+    }
+  }
+  const int splits = gridDim.y;
+  if (splits > 1) {
+    float* part = p.ws + (size_t)blockIdx.y * p.M * p.N;
+    for (int idx = threadIdx.x; idx < rows * cols; idx += kThreads) {
+      const int m = idx / cols, nl = idx % cols;
+      if (n_base + nl < p.N) part[(size_t)m * p.N + n_base + nl] = fsm[m * S::kCStride + nl];
+    }
+    __threadfence();
+    __syncthreads();
+    __shared__ int last;
+    if (threadIdx.x == 0) last = atomicAdd(p.counters + blockIdx.x, 1) == splits - 1;
+    __syncthreads();
+    if (!last) return;
+    __threadfence();
+  }
+  for (int idx = threadIdx.x; idx < rows * cols; idx += kThreads) {
+    const int m = idx / cols, n = n_base + idx % cols;
+    if (n >= p.n_out) continue;
+    float v;
+    if (splits > 1) {
+      v = 0.f;
+      for (int s = 0; s < splits; ++s) v += __ldcg(p.ws + ((size_t)s * p.M + m) * p.N + n);
+    } else {
+      v = fsm[m * S::kCStride + idx % cols];
+    }
+    v *= gmul;
+    if (p.col_scale) v *= p.col_scale[n];
+    if (p.bias) v += act_to_float<kBf16>(p.bias, n);
+    store_act<kBf16>(p.out, (size_t)m * p.ldo + n, v);
+  }
+  if (splits > 1 && threadIdx.x == 0) p.counters[blockIdx.x] = 0;
+}
+
+template <bool kBf16, int MT, int U>
+cudaError_t launch(const GemvParams& p, int splits, cudaStream_t stream) {
+  using S = Smem<MT, U>;
+  if (p.wn > S::kMaxWn) return cudaErrorInvalidValue;
+  static bool attr_set = false;  // one per instantiation
+  if (!attr_set) {
+    cudaError_t e = cudaFuncSetAttribute(fp4_gemv_kernel<kBf16, MT, U>,
+                                         cudaFuncAttributeMaxDynamicSharedMemorySize, S::kBytes);
+    if (e != cudaSuccess) return e;
+    attr_set = true;
+  }
+  const int groups = (p.N / 64 + p.wn - 1) / p.wn;
+  dim3 grid(groups, splits);
+  fp4_gemv_kernel<kBf16, MT, U><<<grid, kThreads, S::kBytes, stream>>>(p);
+  return cudaGetLastError();
+}
+
+// Which template serves M rows: m-blocks of 8 rounded up to 1, 2, 4 or 8; fewer tiles in
+// flight as the accumulators grow.
+constexpr int kMaxM = 64;
+inline int mt_for(int m) { return m <= 8 ? 1 : m <= 16 ? 2 : m <= 32 ? 4 : 8; }
+
+}  // namespace fp4k
+
+extern "C" {
+
+// Kernel shape for (M, N, K) on `sms` multiprocessors: wn n-tiles per block (1, 2, 4, 8) and
+// k-splits over blocks. Prefers full waves of blocks, >= 16 k-tiles per warp, then few splits.
+int fp4_gemv_plan(int M, int N, int K, int sms, int* wn_out, int* splits_out) {
+  if (M < 1 || M > fp4k::kMaxM || N % 64 || K % 16 || sms < 1) return 1;
+  const int mt = fp4k::mt_for(M);
+  const int slots = sms * (mt <= 2 ? 2 : 1);
+  const int n_tiles = N / 64, k_tiles = K / 16;
+  double best = -1.0;
+  int best_wn = 8, best_s = 1;  // K too short for any candidate: one pass
+  for (int s = 1; s <= k_tiles; ++s) {
+    for (int wn = mt >= 8 ? 4 : 8; wn >= 1; wn /= 2) {
+      const int wk = 8 / wn;
+      const int blocks = ((n_tiles + wn - 1) / wn) * s;
+      const double warp_kt = (double)k_tiles / s / wk;
+      if (warp_kt < 8.0) continue;
+      const int waves = (blocks + slots - 1) / slots;
+      double score = (double)blocks / ((double)waves * slots);  // fill of the last wave
+      if (warp_kt < 16.0) score *= 0.8;                         // short pipelines
+      score -= 0.01 * (s - 1) * (M > 8 ? 2 : 1);                // partial sums cost
+      if (score > best + 1e-9) {
+        best = score;
+        best_wn = wn;
+        best_s = s;
+      }
+    }
+  }
+  *wn_out = best_wn;
+  *splits_out = best_s;
+  return 0;
+}
+
+// Floats of workspace and ints of counters a (M, N, K, wn, splits) call needs.
+void fp4_gemv_workspace(int M, int N, int wn, int splits, long long* ws_floats, int* counters) {
+  *ws_floats = splits > 1 ? (long long)splits * M * N : 0;
+  *counters = (N / 64 + wn - 1) / wn;
+}
+
+// 0 on success, a cudaError_t, or -1 for arguments it refuses (shape, alignment, sizes).
+int fp4_gemv(const void* x, int lda, int M, int k_in, const void* qweight, const void* scales,
+             const void* gscale, const float* col_scale, const void* bias, void* out, int ldo,
+             int N, int K, int n_out, float* ws, long long ws_floats, int* counters,
+             int n_counters, int is_bf16, int wn, int splits, void* stream) {
+  if (M < 1 || M > fp4k::kMaxM || N % 64 || K % 16 || k_in > K || k_in % 16 || n_out > N)
+    return -1;
+  if (lda % 8 || (reinterpret_cast<uintptr_t>(x) & 15) || (reinterpret_cast<uintptr_t>(qweight) & 15) ||
+      (reinterpret_cast<uintptr_t>(scales) & 7))
+    return -1;
+  if (!(wn == 1 || wn == 2 || wn == 4 || wn == 8) || splits < 1 || splits > K / 16) return -1;
+  const int groups = (N / 64 + wn - 1) / wn;
+  if (splits > 1 && (ws_floats < (long long)splits * M * N || n_counters < groups)) return -1;
+  fp4k::GemvParams p;
+  p.x = x;
+  p.qweight = reinterpret_cast<const uint4*>(qweight);
+  p.scales = reinterpret_cast<const uint8_t*>(scales);
+  p.gscale = reinterpret_cast<const uint16_t*>(gscale);
+  p.col_scale = col_scale;
+  p.bias = bias;
+  p.out = out;
+  p.ws = ws;
+  p.counters = counters;
+  p.M = M;
+  p.lda = lda;
+  p.k_in = k_in;
+  p.N = N;
+  p.K = K;
+  p.n_out = n_out;
+  p.ldo = ldo;
+  p.wn = wn;
+  const int k_tiles = K / 16;
+  p.kt_per_split = (k_tiles + splits - 1) / splits;
+  splits = (k_tiles + p.kt_per_split - 1) / p.kt_per_split;  // no empty split
+  if (splits == 1) p.kt_per_split = k_tiles;
+  cudaStream_t st = reinterpret_cast<cudaStream_t>(stream);
+  const int mt = fp4k::mt_for(M);
+  cudaError_t e;
+  if (is_bf16) {
+    e = mt == 1 ? fp4k::launch<true, 1, 8>(p, splits, st)
+      : mt == 2 ? fp4k::launch<true, 2, 8>(p, splits, st)
+      : mt == 4 ? fp4k::launch<true, 4, 8>(p, splits, st)
+                : fp4k::launch<true, 8, 4>(p, splits, st);
+  } else {
+    e = mt == 1 ? fp4k::launch<false, 1, 8>(p, splits, st)
+      : mt == 2 ? fp4k::launch<false, 2, 8>(p, splits, st)
+      : mt == 4 ? fp4k::launch<false, 4, 8>(p, splits, st)
+                : fp4k::launch<false, 8, 4>(p, splits, st);
+  }
+  return static_cast<int>(e);
+}
+
+const char* fp4k_error_string(int code) {
+  if (code == -1) return "fp4 kernels: argument refused (shape, alignment or workspace size)";
+  return cudaGetErrorString(static_cast<cudaError_t>(code));
+}
+
+}  // extern "C"
