@@ -14,11 +14,22 @@ archive holds:
   extra/                  files given with --include
 The manifest records the sha256 of every part, of the whole archive and of every file in it;
 ``unpack`` (gpu_proof.py --bundle) checks all three and never runs a bundle that differs.
+
+With ``--line V`` (a maintained series line, e.g. 0.5.23) it is that line's bundle instead:
+  trees/patched/sglang    the release with the line applied (.work/lines/V/checkout/python)
+  trees/upstream-delta/   the bare release's files where they differ from the line's; the host
+                          rebuilds the bare tree from both (``bare_tree``), checked against the
+                          digest of the whole tree the bundle was made from
+  sgl/sgl_kernel/         LINE_SGL_KERNEL[V] (see there why not the release's own pin)
+  wheels/                 requirements/V/gpu-host.txt
+  extra/wheels/           the verified upstream wheel its conformance tests come from
+No pin tree and no prebuilt modules: the host builds the line's (reduced) modules in parallel.
 """
 
 from __future__ import annotations
 
 import argparse
+import hashlib
 import json
 import os
 import re
@@ -45,6 +56,13 @@ from fp4series.errors import SeriesError, run_reporting_errors  # noqa: E402
 
 FORMAT = 1
 SGL_KERNEL = "sglang-kernel==0.4.2"  # the pin's (Requires-Dist of the 0.5.11 wheel)
+# A line's sgl_kernel. 0.5.23 pins sglang-kernel==0.4.10, built for torch 2.14.1: its
+# sm90/common_ops.abi3.so needs c10/libtorch symbols that the GPU host's torch 2.11.0 does not
+# export (c10::cuda::CUDAErrorLogCapture, a c10::NotImplementedError constructor, torch::Library
+# ::_def with torch::headeronly::Tag), so it cannot load there. 0.4.2 (torch 2.11) loads there,
+# and what 0.5.23's NVFP4 Marlin layers call of it (moe_sum_reduce, scalar_type) is the same
+# code in both; the reports record which sgl_kernel ran.
+LINE_SGL_KERNEL = {"0.5.23": "sglang-kernel==0.4.2"}
 LIBS = ("libnuma.so.1",)  # sgl_kernel's common_ops links it
 LIB_DIRS = ("/usr/lib/x86_64-linux-gnu", "/usr/lib64", "/usr/lib")
 UPSTREAM_STUB = '''"""fp4series stub: what sglang.kernels.jit imports (no torchvision chain)."""
@@ -63,10 +81,20 @@ def get_cuda_version():
 # ----------------------------------------------------------------------------- collecting
 
 
-def _python_tree(path: Path, what: str, hint: str) -> Path:
-    if not (path / "sglang" / "jit_kernel").is_dir():
-        raise SeriesError(f"{what}: {path}/sglang/jit_kernel not found", hint=hint)
+def _python_tree(path: Path, what: str, hint: str, layout: str = "jit_kernel") -> Path:
+    """PATH if it holds an sglang tree of that layout (jit_kernel/, or kernels/jit/ from 0.5.17)."""
+    folder = {"jit_kernel": "jit_kernel", "kernels": "kernels/jit"}[layout]
+    if not (path / "sglang" / folder).is_dir():
+        raise SeriesError(f"{what}: {path}/sglang/{folder} not found", hint=hint)
     return path
+
+
+def tree_digest(root: Path) -> str:
+    """sha256 over every file of ROOT/sglang (relative path + content; __pycache__ left out)."""
+    h = hashlib.sha256()
+    for p, rel in _files(root, "sglang"):
+        h.update(rel.encode() + b"\0" + p.read_bytes() + b"\0")
+    return h.hexdigest()
 
 
 def _files(root: Path, rel: str) -> Iterator[tuple[Path, str]]:
@@ -79,15 +107,32 @@ def _norm(dist: str) -> str:
     return re.sub(r"[-_.]+", "_", dist).lower()
 
 
+def wheel_fits(wheel: str, python: str | None) -> bool:
+    """Whether a wheel file's python/ABI tags run on that Python ("3.12"; None: any)."""
+    if python is None:
+        return True
+    *_, py_tags, abi, _platform = wheel.removesuffix(".whl").split("-")
+    want = int(python.replace(".", ""))
+    for tag in py_tags.split("."):
+        if tag in ("py3", f"py{want}") or tag == f"cp{want}":
+            return True
+        if abi == "abi3" and tag.startswith("cp3") and int(tag[2:]) <= want:
+            return True
+    return False
+
+
 def _pip_download(specs: list[str], dest: Path, pip_args: list[str], offline: bool) -> list[Path]:
-    """One wheel per ``name==version`` spec, from ``dest`` or PyPI; missing ones are an error."""
+    """One wheel per ``name==version`` spec, from ``dest`` or PyPI; missing ones are an error.
+    With ``--python-version`` in PIP_ARGS a cached wheel counts only if it runs on that Python."""
     dest.mkdir(parents=True, exist_ok=True)
+    python = pip_args[pip_args.index("--python-version") + 1] if "--python-version" in pip_args \
+        else None  # fmt: skip
 
     def found(spec: str) -> Path | None:
         name, version = (s.strip() for s in spec.split("=="))
-        for p in dest.glob("*.whl"):
+        for p in sorted(dest.glob("*.whl")):
             dist, ver = p.name.split("-")[:2]
-            if _norm(dist) == _norm(name) and ver == version:
+            if _norm(dist) == _norm(name) and ver == version and wheel_fits(p.name, python):
                 return p
         return None
 
@@ -144,11 +189,12 @@ def _upstream(version: str, cache: Path, pip_args: list[str], offline: bool, sta
     return [(p, f"trees/upstream/{n}") for p, n in members], tvm
 
 
-def _sgl_kernel(cache: Path, ops: str, offline: bool) -> list[tuple[Path, str]]:
+def _sgl_kernel(cache: Path, ops: str, offline: bool, spec: str = SGL_KERNEL
+                ) -> list[tuple[Path, str]]:  # fmt: skip
     """sgl_kernel's python files and ``<ops>/common_ops.abi3.so`` (the wheel is ~330 MB)."""
-    subset = cache / f"sgl_kernel-{SGL_KERNEL.split('==')[1]}-{ops}"
+    subset = cache / f"sgl_kernel-{spec.split('==')[1]}-{ops}"
     if not (subset / "sgl_kernel" / ops).is_dir():
-        wheel = _pip_download([SGL_KERNEL], cache / "sgl_kernel", [], offline)[0]
+        wheel = _pip_download([spec], cache / "sgl_kernel", [], offline)[0]
         with zipfile.ZipFile(wheel) as z:
             z.extractall(subset, [n for n in z.namelist() if n.startswith("sgl_kernel/") and (
                 n.endswith(".py") or n == f"sgl_kernel/{ops}/common_ops.abi3.so")])  # fmt: skip
@@ -163,19 +209,46 @@ def unpatched_tree(patched: Path, pin: Path, work: Path) -> Path:
         return dest
     shutil.rmtree(dest, ignore_errors=True)
 
-    def link(src: str, dst: str) -> None:
-        try:
-            os.link(src, dst)
-        except OSError:  # another filesystem
-            shutil.copy2(src, dst)
-
-    shutil.copytree(patched / "sglang", dest / "sglang", copy_function=link)
+    shutil.copytree(patched / "sglang", dest / "sglang", copy_function=_link)
     for p in kpin.rglob("*"):
         if p.is_file() and p.suffix != ".py" and "__pycache__" not in p.parts:
             target = dest / p.relative_to(pin)
             target.unlink(missing_ok=True)  # never write through a link into the patched tree
             target.parent.mkdir(parents=True, exist_ok=True)
             shutil.copy2(p, target)
+    (dest / ".done").write_text("")
+    return dest
+
+
+def reduced_tree(tree: Path, kernel_set: str, work: Path) -> Path:
+    """TREE with its Marlin GEMM modules' dispatch reduced to KERNEL_SET (hard links, made
+    once): the modules build the kernels the FP4 layers run (all of their tile configurations)
+    and every line of host code, in a fraction of the time (fp4series.marlin_dispatch)."""
+    from fp4series import compile_check, marlin_dispatch
+
+    keep = marlin_dispatch.KERNEL_SETS[kernel_set]
+    layout = compile_check.discover_layout(tree / "sglang")
+    sources = sorted({layout.csrc / rel for name in compile_check.GEMM_MODULES
+                      for rel in layout.module(name).cuda_files})  # fmt: skip
+    dest = work / f"{kernel_set}-{tree.name}-{tree_digest(tree)[:12]}"
+    if (dest / ".done").is_file():
+        return dest
+    shutil.rmtree(dest, ignore_errors=True)
+    shutil.copytree(tree / "sglang", dest / "sglang", copy_function=_link)
+    notes = []
+    for src in sources:
+        text = src.read_text()
+        if not marlin_dispatch.has_dispatch(text):
+            continue
+        reduction = marlin_dispatch.reduce_source(text, keep)
+        target = dest / src.relative_to(tree)
+        target.unlink()  # a hard link into TREE: never write through it
+        target.write_text(reduction.text)
+        notes.append(f"{src.name}: {reduction.summary(keep)}")
+    if not notes:
+        raise SeriesError(f"{tree}: no Marlin dispatch to reduce to {kernel_set}",
+                          hint="run with --kernel-set full")  # fmt: skip
+    (dest / "kernel-set.txt").write_text("\n".join(notes) + "\n")
     (dest / ".done").write_text("")
     return dest
 
@@ -253,9 +326,156 @@ def write(members: list[tuple[Path, str]], out: Path, name: str, part_size: int 
     return manifest
 
 
+def _libs(members: list[tuple[Path, str]]) -> None:
+    for lib in LIBS:
+        found = [Path(d) / lib for d in LIB_DIRS if (Path(d) / lib).is_file()]
+        if found:
+            members.append((found[0].resolve(), f"lib/{lib}"))
+        else:
+            print(f"[make-bundle] warning: {lib} not found here; not bundled", file=sys.stderr)
+
+
+def _includes(specs: list[str]) -> list[tuple[Path, str]]:
+    members = []
+    for spec in specs:
+        src, _, dest = spec.partition(":")
+        src_path = Path(src)
+        dest = dest or src_path.name
+        if src_path.is_dir():
+            members += [(p, f"extra/{dest}/{p.relative_to(src_path)}")
+                        for p in sorted(src_path.rglob("*")) if p.is_file()]  # fmt: skip
+        elif src_path.is_file():
+            members.append((src_path, f"extra/{dest}"))
+        else:
+            raise SeriesError(f"--include {src}: no such file or directory", hint="fix the path")
+    return members
+
+
+def upstream_delta(patched: Path, bare: Path) -> tuple[list[tuple[Path, str]], list[str]]:
+    """The bare tree's files that the patched tree lacks or has otherwise, as members under
+    trees/upstream-delta/, and the patched tree's files the bare one does not have."""
+    have = dict(_files(patched, "sglang"))
+    want = dict(_files(bare, "sglang"))
+    by_rel = {rel: p for p, rel in have.items()}
+    members = []
+    for p, rel in want.items():
+        mine = by_rel.get(rel)
+        if mine is None or mine.read_bytes() != p.read_bytes():
+            members.append((p, f"trees/upstream-delta/{rel}"))
+    bare_rels = set(want.values())
+    removed = sorted(rel for rel in have.values() if rel not in bare_rels)
+    return members, removed
+
+
+def bare_tree(root: Path, manifest: dict, work: Path) -> Path:
+    """A line bundle's bare release tree: the line's tree with the delta applied (hard links,
+    made once), checked against the digest of the tree the bundle was made from."""
+    info = manifest["upstream_delta"]
+    dest = work / f"bare-{info['digest'][:16]}"
+    if (dest / ".done").is_file():
+        return dest
+    shutil.rmtree(dest, ignore_errors=True)
+    shutil.copytree(root / "trees" / "patched" / "sglang", dest / "sglang", copy_function=_link)
+    for rel in info["removed"]:
+        (dest / rel).unlink()
+    delta = root / "trees" / "upstream-delta"
+    for p in sorted(delta.rglob("*")) if delta.is_dir() else []:
+        if p.is_file():
+            target = dest / p.relative_to(delta)
+            target.unlink(missing_ok=True)  # never write through a link into the line's tree
+            target.parent.mkdir(parents=True, exist_ok=True)
+            shutil.copy2(p, target)
+    got = tree_digest(dest)
+    if got != info["digest"]:
+        raise SeriesError(f"{dest}: the rebuilt bare release differs from the one the bundle "
+                          "was made from", hint="make the bundle again")  # fmt: skip
+    (dest / ".done").write_text("")
+    return dest
+
+
+def _link(src: str, dst: str) -> None:
+    try:
+        os.link(src, dst)
+    except OSError:  # another filesystem
+        shutil.copy2(src, dst)
+
+
+def _conformance_wheel(line: str, cache: Path, offline: bool) -> Path:
+    """The verified upstream wheel the line's conformance tests come from."""
+    from fp4series import conformance
+
+    release = conformance.upstream_release(REPO / "upstream.lock",
+                                           conformance.profile(line).source_version)  # fmt: skip
+    local = REPO / ".work" / "cache" / "wheels" / release.wheel_filename
+    if local.is_file() or offline:
+        if not local.is_file() or sha256_file(local) != release.sha256:
+            raise SeriesError(f"{local}: missing or not the wheel upstream.lock names",
+                              hint="run without --offline (fetches and verifies it)")  # fmt: skip
+        return local
+    from fp4series.upstream import fetch_wheel
+
+    return fetch_wheel(release, REPO / ".work" / "cache")
+
+
+def make_line(args: argparse.Namespace) -> int:
+    """A line's bundle (module docstring): its tree, the bare release's delta, its wheels."""
+    from fp4series.line import resolve_line
+
+    line = resolve_line(args.line, root=REPO)
+    if line.is_pin:
+        raise SeriesError(f"{args.line} is the pin's version", hint="leave out --line")
+    if args.prebuild or args.with_upstream or args.pin_tree:
+        raise SeriesError("--prebuild, --with-upstream and --pin-tree are for the pin's bundle",
+                          hint=f"a {line.label} bundle carries its trees; the GPU host builds "
+                          "the modules")  # fmt: skip
+    hint = (
+        f"run `python -m fp4series prepare-checkout --line {line.version}` (scripts/main.sh "
+        f"--line {line.version} does)"
+    )
+    patched = _python_tree(args.patched_tree or line.checkout / "python", f"{line.label}'s tree",
+                           hint, "kernels")  # fmt: skip
+    bare = _python_tree(args.upstream_tree or line.upstream_dir / "python",
+                        f"the bare {line.version} tree", hint, "kernels")  # fmt: skip
+    pip_args = ["--python-version", args.python_version, "--implementation", "cp",
+                *[a for p in args.platform for a in ("--platform", p)]]  # fmt: skip
+    cache, out = args.cache, args.out.resolve()
+    members = [(p, f"trees/patched/{n}") for p, n in _files(patched, "sglang")]
+    delta, removed = upstream_delta(patched, bare)
+    members += delta
+    members += _sgl_kernel(cache, args.sgl_kernel_ops, args.offline,
+                           LINE_SGL_KERNEL.get(line.version, SGL_KERNEL))  # fmt: skip
+    wheels_txt = args.wheels or REPO / "requirements" / line.version / "gpu-host.txt"
+    wheels = _pip_download(_requirements(wheels_txt), cache / "wheels", pip_args, args.offline)
+    members += [(w, f"wheels/{w.name}") for w in wheels]
+    conf = _conformance_wheel(line.version, cache, args.offline)
+    members.append((conf, f"extra/wheels/{conf.name}"))
+    _libs(members)
+    members += _includes(args.include)
+    meta = {"series_revision": report.series_revision(REPO, line.version),
+            "pin": report.pin_info(REPO, line.version), "line": line.version,
+            "made": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+            "python": args.python_version, "upstream": None, "prebuilt": None,
+            "sgl_kernel": LINE_SGL_KERNEL.get(line.version, SGL_KERNEL),
+            "upstream_delta": {"digest": tree_digest(bare), "removed": removed,
+                               "files": len(delta)}}  # fmt: skip
+    print(f"[make-bundle] {line.label}: its tree, {len(delta)} file(s) of the bare release, "
+          f"{len(wheels)} wheels", flush=True)  # fmt: skip
+    manifest = write(members, out, args.name, _parse_size(args.part_size) if args.part_size
+                     else None, meta)  # fmt: skip
+    total = sum(p["size"] for p in manifest["parts"])
+    sizes = ", ".join(f"{p['size'] / 2**20:.1f}" for p in manifest["parts"])
+    print(f"[make-bundle] {out}/{args.name}.json: {len(manifest['files'])} files, "
+          f"{len(manifest['parts'])} part(s) ({sizes} MiB), {total / 2**20:.1f} MiB")  # fmt: skip
+    return 0
+
+
 def make(args: argparse.Namespace) -> int:
+    if args.line:
+        return make_line(args)
     pin_tag = report.pin_info(REPO)["tag"]
     hint = "run `python -m fp4series prepare-checkout` (scripts/main.sh does)"
+    args.patched_tree = args.patched_tree or REPO / ".work" / "checkout" / "python"
+    args.wheels = args.wheels or REPO / "requirements" / "gpu-host.txt"
     patched = _python_tree(args.patched_tree, "the patched tree", hint)
     pin_default = REPO / ".work" / "upstream" / pin_tag / "python"
     pin = _python_tree(args.pin_tree or pin_default, "the pin's tree", hint)
@@ -274,12 +494,7 @@ def make(args: argparse.Namespace) -> int:
     if args.with_upstream:
         up, tvm = _upstream(args.with_upstream, cache, pip_args, args.offline, staging / "up")
         members += up + [(w, f"wheels-upstream/{w.name}") for w in tvm]
-    for lib in LIBS:
-        found = [Path(d) / lib for d in LIB_DIRS if (Path(d) / lib).is_file()]
-        if found:
-            members.append((found[0].resolve(), f"lib/{lib}"))
-        else:
-            print(f"[make-bundle] warning: {lib} not found here; not bundled", file=sys.stderr)
+    _libs(members)
     if args.prebuild:
         unpatched = unpatched_tree(patched, pin, staging)
         variants = {"patched": patched, "unpatched": unpatched, "compute75": patched}
@@ -287,17 +502,7 @@ def make(args: argparse.Namespace) -> int:
         (staging / "prebuilt").mkdir()
         members += _prebuild(args.prebuild, variants, list(dict.fromkeys(wanted)), cache,
                              args.jobs, staging / "prebuilt")  # fmt: skip
-    for spec in args.include:
-        src, _, dest = spec.partition(":")
-        src_path = Path(src)
-        dest = dest or src_path.name
-        if src_path.is_dir():
-            members += [(p, f"extra/{dest}/{p.relative_to(src_path)}")
-                        for p in sorted(src_path.rglob("*")) if p.is_file()]  # fmt: skip
-        elif src_path.is_file():
-            members.append((src_path, f"extra/{dest}"))
-        else:
-            raise SeriesError(f"--include {src}: no such file or directory", hint="fix the path")
+    members += _includes(args.include)
     meta = {"series_revision": report.series_revision(REPO), "pin": report.pin_info(REPO),
             "made": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
             "python": args.python_version, "upstream": args.with_upstream or None,
@@ -386,14 +591,20 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("out", type=Path, help="directory the manifest and the parts go to")
     p.add_argument("--name", default="bundle", help="file name stem (default: bundle)")
     p.add_argument("--part-size", help="split the archive into parts of at most this (60M)")
-    p.add_argument("--patched-tree", type=Path, default=REPO / ".work" / "checkout" / "python")
+    p.add_argument("--line", metavar="VERSION", help="a maintained series line's bundle "
+                   "(e.g. 0.5.23; its tree, the bare release, its wheels)")  # fmt: skip
+    p.add_argument("--patched-tree", type=Path, help="default .work/checkout/python (a line's: "
+                   ".work/lines/V/checkout/python)")  # fmt: skip
     p.add_argument("--pin-tree", type=Path, help="default .work/upstream/<pin tag>/python")
+    p.add_argument("--upstream-tree", type=Path, help="a line's bare release (default "
+                   ".work/upstream/V/python)")  # fmt: skip
     p.add_argument("--with-upstream", metavar="VERSION", help="e.g. 0.5.23: benchmark column")
     p.add_argument("--prebuild", metavar="ARCH", help="prebuild JIT modules here (e.g. sm_90)")
     p.add_argument("--stages", default=",".join(stages.DEFAULT_STAGES),
                    help="stages whose modules --prebuild builds")  # fmt: skip
     p.add_argument("--jobs", type=int, default=2, help="parallel prebuilds (default 2)")
-    p.add_argument("--wheels", type=Path, default=REPO / "requirements" / "gpu-host.txt")
+    p.add_argument("--wheels", type=Path, help="default requirements/gpu-host.txt (a line's: "
+                   "requirements/V/gpu-host.txt)")  # fmt: skip
     p.add_argument("--python-version", default="3.12", help="the GPU host's python")
     p.add_argument("--platform", action="append", help="wheel platform tags for the GPU host "
                    "(repeatable; default manylinux_2_28/2014 x86_64 and any)")  # fmt: skip

@@ -19,6 +19,13 @@ FP4SERIES_DEADLINE_EPOCH (``--deadline``) and FP4SERIES_E2E_ARGS (its own option
 The kernels stage (issue 23, not a default) builds the standalone NVFP4 kernels of
 bench/kernels/ with nvcc, checks them against an fp32 reference and times them beside FP4 Marlin,
 bf16 cuBLAS and the roofline (bench/kernels/run_round.py); FP4SERIES_KERNELS_ARGS adds options.
+
+A maintained series line (``--line V``) has its own table, LINE_STAGES[V]: the same tests on
+the line's tree, with the bare release it is made on as the repro (variant ``upstream``: the
+release's python tree) instead of the pin's templates. Its module specs name what that
+release's loaders take (0.5.23's MoE module is built per routing flags, and the MoE path builds
+its activation and alignment modules too: the dry run of tests/gpu/_dryrun.py lists every module
+a suite asks for and says which the table does not warm).
 """
 
 from __future__ import annotations
@@ -105,11 +112,78 @@ STAGES: dict[str, Stage] = {
 }
 DEFAULT_STAGES = ("numerics", "conformance", "compute75", "bench")
 
+# The 0.5.23 line: fused_marlin_moe's two GEMMs are two MoE modules per dtype (routing flags),
+# M = 1 aligns with the single-token module, larger M with the JIT align module (int32 ids).
+_MOE_0523 = ("expert_ids_are_sorted+has_inactive_prefix_count",
+             "expert_ids_are_sorted+zero_inactive_output+has_inactive_prefix_count")  # fmt: skip
+_ALIGN_0523 = (
+    "sglang.kernels.ops.moe.moe_align_single_token._jit_align_single_token_module:-:"
+    "write_inactive_prefix_count",
+    "sglang.kernels.ops.moe.moe_align._jit_moe_align_module:int32:write_inactive_prefix_count",
+)
 
-def select(names: str) -> list[Stage]:
+
+def _marlin_0523(dtype: str) -> str:
+    moe = [f"moe_wna16_marlin:{dtype}:{flags}" for flags in _MOE_0523]
+    return " ".join([f"gptq_marlin:{dtype}", *moe, "repack", f"act:{dtype}", *_ALIGN_0523])
+
+
+LINE_NUMERICS_TESTS = (
+    "tests/gpu/test_marlin_numerics.py",
+    "tests/gpu/test_fused_shards.py",
+    "tests/gpu/test_tracing.py",
+    "tests/gpu/test_kernel_repro.py::test_bare_release_repro",
+)
+LINE_STAGES: dict[str, dict[str, Stage]] = {
+    "0.5.23": {
+        s.name: s
+        for s in (
+            Stage(
+                "numerics",
+                (*PYTEST, *LINE_NUMERICS_TESTS),
+                ("numerics.json",),
+                _modules(
+                    patched=f"{_marlin_0523('bf16')} {_marlin_0523('fp16')}",
+                    upstream=f"{_marlin_0523('bf16')} {_marlin_0523('fp16')}",
+                ),
+            ),
+            Stage(
+                "conformance",
+                ("tests/gpu/run_conformance.py", "--out", "{report_dir}/conformance.json"),
+                ("conformance.json",),
+                _modules(patched=f"{_marlin_0523('bf16')} {_marlin_0523('fp16')}"),
+            ),
+            Stage(
+                "compute75",
+                (*PYTEST, "tests/gpu/test_kernel_repro.py::test_turing_compute75_ptx"),
+                ("turing_ptx.json",),
+                _modules(compute75=_marlin_0523("fp16")),
+            ),
+        )
+    }
+}
+LINE_DEFAULT_STAGES = ("numerics", "conformance", "compute75")
+
+
+def table(line: str | None = None) -> dict[str, Stage]:
+    """The stage table of the pin's line (None) or of a maintained line; ValueError if none."""
+    if line is None:
+        return STAGES
+    if line not in LINE_STAGES:
+        raise ValueError(f"no GPU stages for the {line} line; lines with stages: "
+                         f"{', '.join(LINE_STAGES) or 'none'}")  # fmt: skip
+    return LINE_STAGES[line]
+
+
+def default_stages(line: str | None = None) -> tuple[str, ...]:
+    return DEFAULT_STAGES if line is None else LINE_DEFAULT_STAGES
+
+
+def select(names: str, line: str | None = None) -> list[Stage]:
     """Stages named in a comma list, in the table's order; ValueError names unknown ones."""
+    stages = table(line)
     wanted = [n.strip() for n in names.split(",") if n.strip()]
-    unknown = [n for n in wanted if n not in STAGES]
+    unknown = [n for n in wanted if n not in stages]
     if unknown or not wanted:
-        raise ValueError(f"unknown stage(s) {unknown or names!r}; known: {', '.join(STAGES)}")
-    return [s for s in STAGES.values() if s.name in wanted]
+        raise ValueError(f"unknown stage(s) {unknown or names!r}; known: {', '.join(stages)}")
+    return [s for s in stages.values() if s.name in wanted]

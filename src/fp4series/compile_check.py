@@ -460,7 +460,7 @@ def stage_kernel_set(target: Target, layout: JitLayout, out_dir: Path) -> tuple[
     args, notes = [], []
     for rel in mod.cuda_files:
         source = layout.csrc / rel
-        if marlin_dispatch.DISPATCH_FUNCTION not in source.read_text(errors="replace"):
+        if not marlin_dispatch.has_dispatch(source.read_text(errors="replace")):
             continue
         dest = out_dir / "reduced" / rel
         variants = target.kernels in marlin_dispatch.VARIANT_SETS

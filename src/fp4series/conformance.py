@@ -18,6 +18,18 @@ The mechanical edits, each refused when upstream's text no longer has the expect
 The 0.5.11 tree has its own ``sglang/test/test_marlin_utils.py`` without upstream's NVFP4
 helper (``make_nvfp4_weight_and_ref``); a generated ``conftest.py`` loads the wheel's copy as
 that module for the run. Nothing else changes.
+
+A series line runs the same tests (its ``Profile``): no release after 0.5.13.post1 ships
+upstream's NVFP4 Marlin tests in its wheel (they left the package with the ``jit_kernel/`` ->
+``kernels/`` move of 0.5.17; the 0.5.23 wheel carries only their helper module), so 0.5.13's
+wheel stays their verified source (0.5.13.post1's test files are byte-identical). On a tree of
+the new layout one more mechanical edit applies:
+
+* ``module-move``: ``from sglang.jit_kernel.<module> import`` becomes the module's new place
+  (``MODULE_MOVES``), each replacement listed like the removals.
+
+The features the pin's series does not take are in 0.5.23 itself (non-gated MoE experts), so
+on the 0.5.23 line every extracted NVFP4 test is required to pass.
 """
 
 from __future__ import annotations
@@ -74,6 +86,12 @@ _SKIPIF_IMPORT = re.compile(
     r"^from sglang\.srt\.utils\.common import is_sm80_supported, is_sm90_supported\n", re.M
 )
 _CI_IMPORT = re.compile(r"^from sglang\.test\.ci\.ci_register import register_cuda_ci\n", re.M)
+# sglang/jit_kernel/<module>.py -> its place from 0.5.17 on (kernels/ops/), per imported module
+MODULE_MOVES = {
+    "sglang.jit_kernel.gptq_marlin": "sglang.kernels.ops.gemm.gptq_marlin",
+    "sglang.jit_kernel.moe_wna16_marlin": "sglang.kernels.ops.moe.moe_wna16_marlin",
+}
+_MOVED_IMPORT = re.compile(r"^from (sglang\.jit_kernel\.\w+) import ", re.M)
 _CI_CALL = re.compile(r"^register_cuda_ci\([^\n]*\)\n", re.M)
 # kind -> (pattern, whether every file must contain it)
 _EDITS = (
@@ -87,12 +105,26 @@ _EDITS = (
 
 @dataclass(frozen=True)
 class Edit:
-    """One removed piece of upstream text: file (upstream path), 1-based line, what, text."""
+    """One removed (or replaced) piece of upstream text: file (upstream path), 1-based line,
+    what, the text, and what replaced it (empty: removed)."""
 
     file: str
     line: int
     kind: str
     removed: str
+    replacement: str = ""
+
+
+@dataclass(frozen=True)
+class Profile:
+    """Upstream's NVFP4 Marlin tests as one series line runs them: where they come from, what
+    is edited, which must pass and which test a feature the line does not take."""
+
+    line: str | None  # None: the pin's line
+    source_version: str  # the release whose verified wheel carries the tests
+    module_moves: dict[str, str]
+    required: tuple[str, ...]
+    not_applicable: dict[str, str]
 
 
 @dataclass(frozen=True)
@@ -116,17 +148,30 @@ class Extracted:
         }
 
 
-def mechanical_edits(upstream_path: str, text: str) -> tuple[str, list[Edit]]:
-    """Remove skip marks and CI registration from one upstream test file; list each removal.
+def mechanical_edits(
+    upstream_path: str, text: str, module_moves: dict[str, str] | None = None
+) -> tuple[str, list[Edit]]:
+    """Remove skip marks and CI registration from one upstream test file, and with
+    ``module_moves`` point imports of moved modules at their new place; list each edit.
 
-    Raises SeriesError when a file has none of them (upstream's text changed: the edits
-    would no longer be known to be mechanical) or still uses a removed name afterwards.
+    Raises SeriesError when a file has none of the removals (upstream's text changed: the edits
+    would no longer be known to be mechanical), imports a moved module the table does not know,
+    or still uses a removed name afterwards.
     """
-    spans: list[tuple[int, int, str]] = []
+    spans: list[tuple[int, int, str, str]] = []
     for kind, pattern in _EDITS:
         for match in pattern.finditer(text):
-            spans.append((match.start(), match.end(), kind))
-    kinds = {kind for _, _, kind in spans}
+            spans.append((match.start(), match.end(), kind, ""))
+    for match in _MOVED_IMPORT.finditer(text) if module_moves is not None else ():
+        old = match.group(1)
+        if old not in module_moves:
+            raise SeriesError(
+                f"{upstream_path}: imports {old}, whose place on this tree's layout "
+                "fp4series.conformance.MODULE_MOVES does not know",
+                hint="add the module's new place (kernels/ops/...) to MODULE_MOVES",
+            )
+        spans.append((match.start(1), match.end(1), "module-move", module_moves[old]))
+    kinds = {kind for _, _, kind, _ in spans}
     missing = {"skip", "skipif", "ci-registration"} - kinds
     if missing:
         raise SeriesError(
@@ -136,14 +181,16 @@ def mechanical_edits(upstream_path: str, text: str) -> tuple[str, list[Edit]]:
         )
     spans.sort()
     edits, out, pos = [], [], 0
-    for start, end, kind in spans:
+    for start, end, kind, new in spans:
         line = text.count("\n", 0, start) + 1
-        edits.append(Edit(upstream_path, line, kind, text[start:end].rstrip("\n")))
-        out.append(text[pos:start])
+        edits.append(Edit(upstream_path, line, kind, text[start:end].rstrip("\n"), new))
+        out += [text[pos:start], new]
         pos = end
     out.append(text[pos:])
     edited = "".join(out)
-    for name in ("is_sm80_supported", "is_sm90_supported", "register_cuda_ci", "pytest.mark.skip("):
+    gone = ["is_sm80_supported", "is_sm90_supported", "register_cuda_ci", "pytest.mark.skip("]
+    gone += ["sglang.jit_kernel"] if module_moves is not None else []
+    for name in gone:
         if name in edited:
             raise SeriesError(
                 f"{upstream_path}: {name} is still used after the mechanical edits",
@@ -172,8 +219,15 @@ def _conftest(helpers: dict[str, str]) -> str:
     return "\n".join(lines)
 
 
-def extract(wheel: Path | str, sha256: str, dest: Path | str, version: str) -> Extracted:
-    """Write the edited tests, the helpers, a conftest and pytest.ini into DEST (new/empty)."""
+def extract(
+    wheel: Path | str,
+    sha256: str,
+    dest: Path | str,
+    version: str,
+    module_moves: dict[str, str] | None = None,
+) -> Extracted:
+    """Write the edited tests, the helpers, a conftest and pytest.ini into DEST (new/empty);
+    ``module_moves``: imports of moved modules to rewrite (a line on the new layout)."""
     wheel, dest = Path(wheel), Path(dest)
     actual = sha256_file(wheel)
     if actual != sha256:
@@ -192,7 +246,7 @@ def extract(wheel: Path | str, sha256: str, dest: Path | str, version: str) -> E
                 raise SeriesError(f"{wheel.name} has no {upstream}")
             text = zf.read(upstream).decode("utf-8")
             if upstream in TEST_FILES:
-                text, file_edits = mechanical_edits(upstream, text)
+                text, file_edits = mechanical_edits(upstream, text, module_moves)
                 edits.extend(file_edits)
             files[rel] = text
     helpers = {module: f"{HELPER_DIR}/{path}" for module, path in HELPER_MODULES.items()}
@@ -209,11 +263,39 @@ def _helper_targets() -> dict[str, str]:
     return {path: f"{HELPER_DIR}/{path}" for path in HELPER_MODULES.values()}
 
 
-def upstream_release(lock_path: Path | str | None = None) -> Release:
+PIN_PROFILE = Profile(None, UPSTREAM_VERSION, {}, REQUIRED, NOT_APPLICABLE)
+# Upstream 0.5.23 has non-gated MoE experts: 0.5.13's MoE NVFP4 tests apply, and must pass.
+LINE_PROFILES = {
+    "0.5.23": Profile(
+        "0.5.23",
+        UPSTREAM_VERSION,
+        MODULE_MOVES,
+        (*REQUIRED, *NOT_APPLICABLE),
+        {},
+    ),
+}
+
+
+def profile(line: str | None = None) -> Profile:
+    """The conformance profile of a series line (None: the pin's)."""
+    if line is None:
+        return PIN_PROFILE
+    if line not in LINE_PROFILES:
+        raise SeriesError(
+            f"no conformance profile for the {line} line",
+            hint=f"add one to fp4series.conformance.LINE_PROFILES (known: "
+            f"{', '.join(LINE_PROFILES)})",
+        )
+    return LINE_PROFILES[line]
+
+
+def upstream_release(
+    lock_path: Path | str | None = None, version: str = UPSTREAM_VERSION
+) -> Release:
     lock = load_lock(lock_path or paths.default_lock_path())
-    release = lock.release(UPSTREAM_VERSION)
+    release = lock.release(version)
     if not release.sha256:
-        raise SeriesError(f"upstream.lock records no sha256 for {UPSTREAM_VERSION}")
+        raise SeriesError(f"upstream.lock records no sha256 for {version}")
     return release
 
 
@@ -223,14 +305,18 @@ def extract_from_lock(
     wheel: Path | str | None = None,
     lock_path: Path | str | None = None,
     cache_dir: Path | str | None = None,
+    line: str | None = None,
 ) -> Extracted:
-    """``extract`` from the given wheel file, else the cached or downloaded one (verified)."""
-    release = upstream_release(lock_path)
+    """``extract`` from the given wheel file, else the cached or downloaded one (verified), as
+    the line's profile says (None: the pin's)."""
+    prof = profile(line)
+    release = upstream_release(lock_path, prof.source_version)
     if wheel is None:
         from fp4series.upstream import fetch_wheel  # git-dependent module: imported on use
 
         wheel = fetch_wheel(release, cache_dir or paths.default_cache_dir())
-    return extract(wheel, release.sha256, dest, release.version)
+    moves = prof.module_moves if prof.module_moves else None
+    return extract(wheel, release.sha256, dest, release.version, moves)
 
 
 def test_id(upstream_path: str, name: str) -> str:
@@ -260,18 +346,22 @@ def outcomes_from_junit(junit: Path) -> dict[str, tuple[str, str]]:
     return results
 
 
-def records(outcomes: dict[str, tuple[str, str]]) -> list[dict[str, Any]]:
-    """One conformance.json record per test: pass, fail, or not-applicable (+ what it needs).
+def records(
+    outcomes: dict[str, tuple[str, str]], not_applicable: dict[str, str] | None = None
+) -> list[dict[str, Any]]:
+    """One conformance.json record per test: pass, fail, or not-applicable (+ what it needs;
+    default: the pin's NOT_APPLICABLE).
 
     A not-applicable test still ran; its outcome is kept as ``observed``. A skipped test is
     a fail: not run is not a pass.
     """
+    not_applicable = NOT_APPLICABLE if not_applicable is None else not_applicable
     out = []
     for tid, (status, message) in sorted(outcomes.items()):
         record: dict[str, Any] = {"id": tid}
         base = base_name(tid.rsplit("::", 1)[-1])
-        if base in NOT_APPLICABLE:
-            record.update(status="not-applicable", needs=NOT_APPLICABLE[base], observed=status)
+        if base in not_applicable:
+            record.update(status="not-applicable", needs=not_applicable[base], observed=status)
         elif status == "skipped":
             record.update(status="fail", observed="skipped")
         else:
@@ -290,12 +380,15 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("dest", type=Path, help="new or empty directory")
     parser.add_argument("--wheel", type=Path, help="the upstream wheel (default: cache/PyPI)")
     parser.add_argument("--cache-dir", type=Path, default=paths.default_cache_dir())
+    parser.add_argument("--line", metavar="VERSION", help="as that series line runs them")
     args = parser.parse_args(argv)
 
     def run(a: argparse.Namespace) -> int:
-        got = extract_from_lock(a.dest, wheel=a.wheel, cache_dir=a.cache_dir)
+        got = extract_from_lock(a.dest, wheel=a.wheel, cache_dir=a.cache_dir, line=a.line)
         for edit in got.edits:
-            print(f"{edit.file}:{edit.line}: removed ({edit.kind}) {edit.removed.splitlines()[0]}")
+            what = f"-> {edit.replacement}" if edit.replacement else "removed"
+            print(f"{edit.file}:{edit.line}: {what} ({edit.kind}) "
+                  f"{edit.removed.splitlines()[0]}")  # fmt: skip
         print(f"extracted {len(got.tests)} test file(s) from {got.wheel} into {got.dest}")
         return 0
 

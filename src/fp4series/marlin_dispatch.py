@@ -24,6 +24,10 @@ from pathlib import Path
 from fp4series.errors import SeriesError
 
 DISPATCH_FUNCTION = "get_marlin_kernel_impl"
+#: Where the dispatch is, in order: ``get_marlin_kernel_impl`` (the pin; a line whose Turing
+#: patch wraps the dispatch in a per-arch ``get_marlin_kernel``), else ``get_marlin_kernel``
+#: (upstream from 0.5.17 on, e.g. bare v0.5.23).
+DISPATCH_FUNCTIONS = (DISPATCH_FUNCTION, "get_marlin_kernel")
 LEAF_MACRO = "_GET_IF"
 #: Named kernel sets: the weight types (as the dispatch names them, ``host::k...``) a reduced
 #: module keeps. ``fp4``: float4_e2m1f, NVFP4 (group_blocks 1) and MXFP4 (group_blocks 2).
@@ -159,11 +163,42 @@ def _leaves(text: str, macros: dict[str, tuple[list[str], str]], depth: int = 0)
     return found
 
 
+def _candidates(text: str) -> tuple[str, list[tuple[int, int]]]:
+    """The dispatch function's name and the spans of its definitions: the first name of
+    DISPATCH_FUNCTIONS defined in TEXT; for upstream's ``get_marlin_kernel`` only definitions
+    that instantiate kernels (a line's wrapper of the same name instantiates none)."""
+    clean = _strip_comments(text)
+    for name in DISPATCH_FUNCTIONS:
+        spans = _definitions(clean, name)
+        if name != DISPATCH_FUNCTION:
+            macros = function_macros(text)
+            spans = [(a, b) for a, b in spans if _leaves(clean[a:b], macros)]
+        if spans:
+            return name, spans
+    return " or ".join(DISPATCH_FUNCTIONS), []
+
+
+def has_dispatch(text: str) -> bool:
+    """Whether TEXT (a module source) defines a Marlin dispatch function."""
+    return bool(_candidates(text)[1])
+
+
 def _dispatch_span(text: str) -> tuple[int, int]:
     """Start and end (after the closing brace) of the dispatch function's body in TEXT."""
-    clean = _strip_comments(text)
+    name, spans = _candidates(text)
+    if len(spans) != 1:
+        raise SeriesError(
+            f"found {len(spans)} definitions of {name} in the module source, expected one",
+            hint="the Marlin dispatch moved or changed shape: compile the full module (a target "
+            "without @SET) and teach fp4series.marlin_dispatch where the dispatch is",
+        )
+    return spans[0]
+
+
+def _definitions(clean: str, name: str) -> list[tuple[int, int]]:
+    """The body spans of every definition of function NAME in CLEAN (comments stripped)."""
     spans = []
-    for m in re.finditer(rf"\b{DISPATCH_FUNCTION}\s*\(", clean):
+    for m in re.finditer(rf"\b{name}\s*\(", clean):
         _, after = _call_args(clean, m.end() - 1)
         brace = re.match(r"\s*\{", clean[after:])
         if brace is None:
@@ -175,14 +210,7 @@ def _dispatch_span(text: str) -> tuple[int, int]:
             if depth == 0:
                 spans.append((open_at, i + 1))
                 break
-    if len(spans) != 1:
-        raise SeriesError(
-            f"found {len(spans)} definitions of {DISPATCH_FUNCTION} in the module source, "
-            "expected one",
-            hint="the Marlin dispatch moved or changed shape: compile the full module (a target "
-            "without @SET) and teach fp4series.marlin_dispatch where the dispatch is",
-        )
-    return spans[0]
+    return spans
 
 
 def dispatch_kernels(text: str) -> list[Kernel]:

@@ -275,6 +275,7 @@ def run_all(
     elif importlib.util.find_spec("fp4series.report") is not None:
         print("[test] check-reports ...", flush=True)
         reports = ["--dir", str(line.reports_dir.relative_to(root))]
+        reports += [] if line.is_pin else ["--line", line.version]
         rc = subprocess.run(
             [str(python), "-m", "fp4series", "check-reports", "--allow-none", *reports],
             cwd=root,

@@ -14,6 +14,14 @@ capability NVFP4 Marlin tests passing, and the command, series revision and pin 
 perplexity within ``E2E_PPL_REL`` of its dequantized reference and teacher-forced top-1
 agreement of at least ``E2E_TOP1_MIN``, the HTTP requests answered, the bare pin refusing,
 speed and memory rows side by side with the reference.
+
+A maintained series line keeps its reports in ``reports/h200/<V>/`` (``check-reports --line V``,
+found from the directory's name too), made by ``scripts/gpu-proof.sh --line V``: numerics,
+turing_ptx and conformance, every report naming the line's release as its ``pin`` and ``line``.
+The gates are the pin's, except what shows the bugs: instead of the pin's templates, the bare
+release the line is made on (``templates: upstream``), whose dense layers with a bias as large as
+the output must be off by ``UPSTREAM_BIAS_MIN_REL_L2`` or more (the bias added in Marlin's
+permuted order); its other cases (fused shards too) are recorded beside the line, not gated.
 """
 
 from __future__ import annotations
@@ -39,6 +47,11 @@ PATCHED_MAX_REL_L2 = 1e-2
 MOE_BF16_ATOMIC_MAX_REL_L2 = 1.5e-2
 GATED_FIELDS = ("rel_l2", "rel_l2_small_scales", "rel_l2_no_atomic_add")
 UNPATCHED_MIN_REL_L2 = 1e-1
+# A line's bare release, dense with a bias the size of the output (bias_scale >= 1): the bias
+# added in Marlin's permuted order gives ~1 (tests/gpu/test_kernel_repro.py agrees).
+UPSTREAM_BIAS_MIN_REL_L2 = 0.5
+STRONG_BIAS_SCALE = 1.0
+LINE_ENV = "FP4SERIES_LINE"  # set where a line's reports are made (scripts/gpu-proof.sh --line)
 DENSE_PATHS = ("modelopt-dense", "ct-dense")
 MOE_PATHS = ("modelopt-moe", "ct-moe")
 PATHS = DENSE_PATHS + MOE_PATHS
@@ -92,8 +105,9 @@ def _repo_root() -> Path:
     return Path(env).resolve() if env else Path(__file__).resolve().parents[2]
 
 
-def series_revision(repo: Path | None = None) -> dict[str, str]:
-    """``git describe`` of the project and the sha256 of ``patches/series`` + every patch it lists.
+def series_revision(repo: Path | None = None, line: str | None = None) -> dict[str, str]:
+    """``git describe`` of the project and the sha256 of ``patches/series`` + every patch it lists
+    (a line's: ``patches/<line>/``).
 
     Where the repository has no git metadata (a copied tree on a GPU machine) the value comes
     from ``$FP4SERIES_SERIES_REVISION`` (JSON written by scripts/device/bundle.py).
@@ -114,7 +128,14 @@ def series_revision(repo: Path | None = None) -> dict[str, str]:
         ).stdout.strip()
     except (OSError, subprocess.CalledProcessError):
         git = "unknown (no git metadata)"
-    return {"git": git, "series_sha256": series_sha256(root / "patches")}
+    patches = root / "patches" if line is None else _line_patches(root, line)
+    return {"git": git, "series_sha256": series_sha256(patches)}
+
+
+def _line_patches(root: Path, line: str) -> Path:
+    from fp4series.line import resolve_line
+
+    return resolve_line(line, root=root).patches_dir
 
 
 def series_sha256(patches_dir: Path) -> str:
@@ -135,8 +156,15 @@ def series_sha256(patches_dir: Path) -> str:
     return digest.hexdigest()
 
 
-def pin_info(repo: Path | None = None) -> dict[str, str]:
-    """The pin as upstream.lock records it (tag, version, wheel sha256, commit)."""
+def pin_info(repo: Path | None = None, line: str | None = None) -> dict[str, str]:
+    """The pin as upstream.lock records it (tag, version, wheel sha256, commit); for a series
+    line, the release it is made on."""
+    if line is not None:
+        from fp4series.line import resolve_line
+
+        release = resolve_line(line, root=repo or _repo_root()).release
+        return {"tag": release.tag, "version": release.version,
+                "wheel_sha256": release.sha256, "commit": release.commit}  # fmt: skip
     lock = (repo or _repo_root()) / "upstream.lock"
     try:
         data = tomllib.loads(lock.read_text())
@@ -155,7 +183,8 @@ def pin_info(repo: Path | None = None) -> dict[str, str]:
 
 
 def run_metadata(command: str, device: str | None = None) -> dict[str, Any]:
-    """The fields every report carries (command, series revision, pin, device, torch, date)."""
+    """The fields every report carries (command, series revision, pin, device, torch, date);
+    for a line's run (``$FP4SERIES_LINE``) the line, its series and its release as the pin."""
     try:
         import torch
 
@@ -164,15 +193,19 @@ def run_metadata(command: str, device: str | None = None) -> dict[str, Any]:
             device = torch.cuda.get_device_name()
     except ImportError:  # the tooling tests run without torch
         torch_version = "absent"
-    return {
+    line = os.environ.get(LINE_ENV) or None
+    meta = {
         "command": command,
-        "series_revision": series_revision(),
-        "pin": pin_info(),
+        "series_revision": series_revision(line=line),
+        "pin": pin_info(line=line),
         "device": device or "none",
         "torch": torch_version,
         "date": _dt.datetime.now(_dt.UTC).isoformat(timespec="seconds"),
         "host": platform.node(),
     }
+    if line:
+        meta["line"] = line
+    return meta
 
 
 def json_number(value: float | None) -> float | None:
@@ -196,7 +229,9 @@ def _is_num(value: object) -> bool:
     return isinstance(value, int | float) and not isinstance(value, bool) and math.isfinite(value)
 
 
-def _check_meta(name: str, data: Mapping[str, Any], problems: list[str]) -> None:
+def _check_meta(
+    name: str, data: Mapping[str, Any], problems: list[str], line: str | None = None
+) -> None:
     for field in META_FIELDS:
         if field not in data or data[field] in ("", None, {}):
             problems.append(f"{name}: missing top-level field {field!r}")
@@ -215,10 +250,32 @@ def _check_meta(name: str, data: Mapping[str, Any], problems: list[str]) -> None
             problems.append(f"{name}: pin lacks wheel_sha256")
     elif pin is not None:
         problems.append(f"{name}: pin must be an object (tag, version, wheel_sha256)")
+    recorded = data.get("line")
+    if line is None and recorded:
+        problems.append(f"{name}: a report of the {recorded} line in the pin's report directory")
+    elif line is not None:
+        if recorded != line:
+            problems.append(f"{name}: line is {recorded!r}, expected {line!r} (made with "
+                            f"scripts/gpu-proof.sh --line {line}?)")  # fmt: skip
+        if isinstance(pin, Mapping) and pin.get("version") != line:
+            problems.append(f"{name}: pin.version {pin.get('version')!r} is not the line's "
+                            f"release {line}")  # fmt: skip
+
+
+def _repro_label(line: str | None) -> str:
+    """What a case's ``templates`` is when it is the repro: the pin's templates, or the bare
+    release a line is made on."""
+    return "unpatched" if line is None else "upstream"
 
 
 def _check_case(
-    name: str, i: int, case: Mapping[str, Any], problems: list[str], *, arch: str | None = None
+    name: str,
+    i: int,
+    case: Mapping[str, Any],
+    problems: list[str],
+    *,
+    arch: str | None = None,
+    line: str | None = None,
 ) -> bool:
     """Schema of one numerics case; True if usable for threshold checks."""
     where = f"{name}: cases[{i}]"
@@ -238,8 +295,8 @@ def _check_case(
     if not isinstance(case.get("bias"), bool):
         problems.append(f"{where}: bias must be true/false, got {case.get('bias')!r}")
         ok = False
-    if case.get("templates") not in ("patched", "unpatched"):
-        problems.append(f"{where}: templates must be 'patched' or 'unpatched'")
+    if case.get("templates") not in ("patched", _repro_label(line)):
+        problems.append(f"{where}: templates must be 'patched' or '{_repro_label(line)}'")
         ok = False
     if "rel_l2" not in case:
         problems.append(f"{where}: missing rel_l2")
@@ -282,9 +339,42 @@ def _check_patched_case(name: str, case: Mapping[str, Any], problems: list[str])
         )
 
 
-def check_numerics(data: Mapping[str, Any], problems: list[str]) -> None:
+def _strong_bias(case: Mapping[str, Any]) -> bool:
+    scale = case.get("bias_scale")
+    return case.get("bias") is True and _is_num(scale) and scale >= STRONG_BIAS_SCALE
+
+
+def _check_upstream_repro(
+    name: str, patched: list[Mapping[str, Any]], upstream: list[Mapping[str, Any]],
+    problems: list[str],
+) -> None:  # fmt: skip
+    """A line's bare release: its strong-bias dense cases fail (the line's bias fix), for
+    every dense path and dtype, beside the line's own strong-bias cases."""
+    for case in upstream:
+        if not _strong_bias(case):
+            continue  # recorded beside the line, not gated
+        value = case["rel_l2"]
+        if value is None and case.get("nonfinite_outputs"):
+            continue  # garbage: fails as expected
+        if not _is_num(value):
+            problems.append(f"{name}: {_label(case)}: repro rel_l2 is {value!r} (run failed?)")
+        elif value < UPSTREAM_BIAS_MIN_REL_L2:
+            problems.append(
+                f"{name}: {_label(case)}: the bare release should add the bias wrong, but "
+                f"rel_l2 {value:.3e} < {UPSTREAM_BIAS_MIN_REL_L2}"
+            )
+    for path in DENSE_PATHS:
+        for dtype in DTYPES:
+            for what, group in (("bare-release", upstream), ("patched", patched)):
+                if not any(c["path"] == path and c["dtype"] == dtype and _strong_bias(c)
+                           for c in group):  # fmt: skip
+                    problems.append(f"{name}: no {what} dense case with a bias the size of the "
+                                    f"output for {path} {dtype}")  # fmt: skip
+
+
+def check_numerics(data: Mapping[str, Any], problems: list[str], line: str | None = None) -> None:
     name = "numerics.json"
-    _check_meta(name, data, problems)
+    _check_meta(name, data, problems, line)
     cases = data.get("cases")
     if not isinstance(cases, list) or not cases:
         problems.append(f"{name}: 'cases' must be a non-empty list")
@@ -292,12 +382,14 @@ def check_numerics(data: Mapping[str, Any], problems: list[str]) -> None:
     patched: list[Mapping[str, Any]] = []
     unpatched: list[Mapping[str, Any]] = []
     for i, case in enumerate(cases):
-        if not isinstance(case, Mapping) or not _check_case(name, i, case, problems):
+        if not isinstance(case, Mapping) or not _check_case(name, i, case, problems, line=line):
             continue
         (patched if case["templates"] == "patched" else unpatched).append(case)
     for case in patched:
         _check_patched_case(name, case, problems)
-    for case in unpatched:
+    if line is not None:
+        _check_upstream_repro(name, patched, unpatched, problems)
+    for case in unpatched if line is None else ():
         value = case["rel_l2"]
         garbage = (
             value is None
@@ -318,7 +410,7 @@ def check_numerics(data: Mapping[str, Any], problems: list[str]) -> None:
             if not any(c["path"] == path and c["dtype"] == dtype for c in patched):
                 problems.append(f"{name}: no patched case for {path} {dtype}")
     for group, paths in (("dense", DENSE_PATHS), ("moe", MOE_PATHS)):
-        if not any(c["path"] in paths for c in unpatched):
+        if line is None and not any(c["path"] in paths for c in unpatched):
             problems.append(f"{name}: no unpatched-template repro case for {group}")
     tracing = data.get("tracing")
     if not isinstance(tracing, list):
@@ -385,6 +477,11 @@ def check_fused_shards(data: Mapping[str, Any], problems: list[str]) -> None:
         if not isinstance(case, Mapping):
             problems.append(f"{name}: every case must be an object")
             continue
+        if case.get("templates") == "upstream":  # a line's bare release: recorded, not gated
+            if case.get("outcome") not in FUSED_OUTCOMES:
+                problems.append(f"{name}: {_fused_label(case)} [upstream]: outcome must be one "
+                                f"of {FUSED_OUTCOMES}")  # fmt: skip
+            continue
         check_fused_shard_case(name, case, problems)
         seen.add((case.get("path"), case.get("layer"), case.get("dtype"), case.get("ratio")))
     for path in DENSE_PATHS:
@@ -396,7 +493,10 @@ def check_fused_shards(data: Mapping[str, Any], problems: list[str]) -> None:
     served = {
         (c.get("path"), c.get("dtype"), c.get("ratio"))
         for c in cases
-        if isinstance(c, Mapping) and c.get("layer") == "moe_w13" and c.get("outcome") == "served"
+        if isinstance(c, Mapping)
+        and c.get("layer") == "moe_w13"
+        and c.get("outcome") == "served"
+        and c.get("templates") != "upstream"
     }
     for path in MOE_PATHS:
         for dtype in DTYPES:
@@ -507,10 +607,18 @@ def check_tensor_parallel(data: Mapping[str, Any], problems: list[str]) -> None:
                         problems.append(f"{where}: no served expert-parallel case with ep {ep}")
 
 
-def check_conformance(data: Mapping[str, Any], problems: list[str]) -> None:
-    """Upstream's NVFP4 Marlin tests on the series: schema, listed edits, required passes."""
+def check_conformance(
+    data: Mapping[str, Any], problems: list[str], line: str | None = None
+) -> None:
+    """Upstream's NVFP4 Marlin tests on the series: schema, listed edits, required passes (on a
+    line: every test its conformance profile requires, fp4series.conformance)."""
     name = "conformance.json"
-    _check_meta(name, data, problems)
+    _check_meta(name, data, problems, line)
+    required = CONFORMANCE_REQUIRED
+    if line is not None:
+        from fp4series.conformance import profile
+
+        required = profile(line).required
     upstream = data.get("upstream")
     if not isinstance(upstream, Mapping) or not all(
         upstream.get(k) for k in ("version", "wheel", "sha256")
@@ -542,16 +650,19 @@ def check_conformance(data: Mapping[str, Any], problems: list[str]) -> None:
             problems.append(f"{where} {test['id']}: not-applicable without the feature it needs")
         base = test["id"].rsplit("::", 1)[-1].split("[", 1)[0]
         passed.setdefault(base, []).append(status == "pass")
-    for required in CONFORMANCE_REQUIRED:
-        results = passed.get(required)
+    for test in required:
+        results = passed.get(test)
         if not results:
-            problems.append(f"{name}: upstream test {required} was not run")
+            problems.append(f"{name}: upstream test {test} was not run")
         elif not all(results):
-            problems.append(f"{name}: upstream test {required} does not pass on the series")
+            problems.append(f"{name}: upstream test {test} does not pass on the series")
 
 
 def check_turing(
-    data: Mapping[str, Any] | None, numerics: Mapping[str, Any] | None, problems: list[str]
+    data: Mapping[str, Any] | None,
+    numerics: Mapping[str, Any] | None,
+    problems: list[str],
+    line: str | None = None,
 ) -> None:
     name = "turing_ptx.json"
     status = (numerics or {}).get("turing_ptx", {})
@@ -564,7 +675,7 @@ def check_turing(
         elif not status.get("reason"):
             problems.append("numerics.json: turing_ptx says 'not run' without a reason")
         return
-    _check_meta(name, data, problems)
+    _check_meta(name, data, problems, line)
     if data.get("arch") != "compute_75":
         problems.append(f"{name}: top-level arch must be 'compute_75'")
     cases = data.get("cases")
@@ -573,7 +684,9 @@ def check_turing(
         return
     good = []
     for i, case in enumerate(cases):
-        if isinstance(case, Mapping) and _check_case(name, i, case, problems, arch="compute_75"):
+        if isinstance(case, Mapping) and _check_case(
+            name, i, case, problems, arch="compute_75", line=line
+        ):
             good.append(case)
             if case["dtype"] != "float16":
                 problems.append(f"{name}: {_label(case)}: SM75 runs fp16 only")
@@ -870,30 +983,32 @@ def _load(path: Path, problems: list[str]) -> dict[str, Any] | None:
 REPORT_FILES = ("numerics.json", "bench.json", "turing_ptx.json", "conformance.json", "e2e.json")
 
 
-def check_report_dir(report_dir: Path) -> list[str]:
-    """All problems found in a report directory (empty list: the reports pass)."""
+def check_report_dir(report_dir: Path, line: str | None = None) -> list[str]:
+    """All problems found in a report directory (empty list: the reports pass); ``line``: the
+    series line whose reports these are (None: the pin's)."""
     problems: list[str] = []
     numerics = _load(report_dir / "numerics.json", problems)
     if numerics is None and not (report_dir / "numerics.json").is_file():
         problems.append(f"numerics.json: not found in {report_dir}")
     elif numerics is not None:
-        check_numerics(numerics, problems)
+        check_numerics(numerics, problems, line)
     bench = _load(report_dir / "bench.json", problems)
     if bench is None and not (report_dir / "bench.json").is_file():
-        problems.append(f"bench.json: not found in {report_dir}")
+        if line is None:  # a line's benchmark is not part of its proof (yet)
+            problems.append(f"bench.json: not found in {report_dir}")
     elif bench is not None:
         check_bench(bench, problems)
     turing_path = report_dir / "turing_ptx.json"
     turing = _load(turing_path, problems)
     if turing is not None or not turing_path.is_file():
-        check_turing(turing, numerics, problems)
+        check_turing(turing, numerics, problems, line)
     conformance = _load(report_dir / "conformance.json", problems)
     if conformance is None and not (report_dir / "conformance.json").is_file():
         problems.append(
             f"conformance.json: not found in {report_dir} (tests/gpu/run_conformance.py)"
         )
     elif conformance is not None:
-        check_conformance(conformance, problems)
+        check_conformance(conformance, problems, line)
     e2e = _load(report_dir / "e2e.json", problems)
     if e2e is not None:
         check_e2e(e2e, problems)
@@ -904,26 +1019,55 @@ def summarize(problems: Iterable[str]) -> str:
     return "\n".join(f"  - {p}" for p in problems)
 
 
+def line_of_report_dir(report_dir: Path, root: Path | None = None) -> str | None:
+    """The series line a report directory belongs to: ``reports/h200/<V>`` of a line in
+    upstream.lock's ``[[lines]]``; None for the pin's (or any other) directory."""
+    from fp4series.lock import load_lock
+
+    root = root or _repo_root()
+    try:
+        rel = report_dir.resolve().relative_to((root / DEFAULT_REPORT_DIR).resolve())
+    except ValueError:
+        return None
+    if len(rel.parts) != 1:
+        return None
+    lock = load_lock(root / "upstream.lock")
+    return rel.parts[0] if lock.line(rel.parts[0]) is not None else None
+
+
 def _cmd_check(args: argparse.Namespace) -> int:
-    report_dir = Path(args.dir)
+    line = getattr(args, "line", None)
+    if args.dir is None:
+        if line is None:
+            report_dir = DEFAULT_REPORT_DIR
+        else:
+            from fp4series.line import resolve_line
+
+            report_dir = resolve_line(line).reports_dir
+    else:
+        report_dir = Path(args.dir)
+        line = line or line_of_report_dir(report_dir)
+    what = f"the {line} line's GPU reports" if line else "GPU reports"
+    rerun = f"scripts/gpu-proof.sh{f' --line {line}' if line else ''}"
     if not report_dir.is_dir():
         raise SeriesError(
             f"report directory {report_dir} does not exist",
-            hint="run scripts/gpu-proof.sh on a GPU machine and commit its reports/h200 output",
+            hint=f"run {rerun} on a GPU machine and commit its reports",
         )
     if args.allow_none and not any((report_dir / name).exists() for name in REPORT_FILES):
         # Nothing committed yet is a state of its own (GPU proof pending); any report that
         # is committed must pass every check below.
-        print(f"no GPU reports in {report_dir} yet: nothing to check (GPU proof pending)")
+        whose = f" of the {line} line" if line else ""
+        print(f"no GPU reports{whose} in {report_dir} yet: nothing to check (GPU proof pending)")
         return 0
-    problems = check_report_dir(report_dir)
+    problems = check_report_dir(report_dir, line)
     if problems:
         print(f"{len(problems)} problem(s) in {report_dir}:\n{summarize(problems)}")
         raise SeriesError(
-            f"GPU reports in {report_dir} fail the schema/threshold checks",
-            hint="rerun scripts/gpu-proof.sh with the current series and commit the new reports",
+            f"{what} in {report_dir} fail the schema/threshold checks",
+            hint=f"rerun {rerun} with the current series and commit the new reports",
         )
-    print(f"reports in {report_dir}: OK")
+    print(f"{what} in {report_dir}: OK")
     return 0
 
 
@@ -933,7 +1077,10 @@ def register(subparsers: argparse._SubParsersAction) -> None:  # type: ignore[ty
         help="check reports/h200 (numerics, turing_ptx, conformance, bench, and e2e where "
         "present) for schema and thresholds",
     )
-    p.add_argument("--dir", default=str(DEFAULT_REPORT_DIR), help="report directory")
+    p.add_argument("--dir", help="report directory (default reports/h200, a line's "
+                   "reports/h200/<V>)")  # fmt: skip
+    p.add_argument("--line", metavar="VERSION", help="check as the reports of that series line "
+                   "(default: found from --dir, reports/h200/<V>; else the pin's)")  # fmt: skip
     p.add_argument(
         "--allow-none",
         action="store_true",

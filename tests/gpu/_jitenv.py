@@ -1,19 +1,25 @@
 """Which JIT variant this process builds and runs, and how to build its modules ahead of time.
 
-A variant is (python tree on PYTHONPATH, tvm-ffi cache dir, target arch). The tree decides the
-templates: the patched tree, or a copy of it whose ``jit_kernel`` CUDA sources are the pin's
-(``FP4SERIES_TEMPLATES=unpatched`` labels such a run). ``FP4SERIES_FORCE_ARCH=compute_75`` makes
-every JIT module of the process a compute_75 PTX-only build (no SASS), so that on an SM90 GPU
-the driver JIT-compiles the PTX and the ``__CUDA_ARCH__ == 750`` code path runs.
+A variant is (python tree on PYTHONPATH, JIT build cache dir, target arch). The tree decides
+what runs: the patched tree (the pin with its series, or a line's release with the line); for
+the pin a copy of it whose ``jit_kernel`` CUDA sources are the pin's own
+(``FP4SERIES_TEMPLATES=unpatched`` labels such a run); for a line the bare release it is made on
+(``upstream``). ``FP4SERIES_FORCE_ARCH=compute_75`` makes every JIT module of the process a
+compute_75 PTX-only build (no SASS), so that on an SM90 GPU the driver JIT-compiles the PTX and
+the ``__CUDA_ARCH__ == 750`` code path runs. What differs between the pin's SGLang and a line's
+(where the loaders are, how the arch is forced, which variable names the cache) is in
+_sglang_api.py.
 
-SGLang builds a JIT module on its first call (``cache_once`` + tvm-ffi ``load_inline``); the
-``_jit_*_module(dtype)`` factories build without a kernel call, which is what ``warm`` uses.
-tvm-ffi caches builds under ``$TVM_FFI_CACHE_DIR`` (default ``~/.cache/tvm-ffi``) keyed by a
-hash of the generated source (which holds absolute include paths) and flags.
+SGLang builds a JIT module on its first call (``cache_once`` + ``load_jit``); the module
+factories build without a kernel call, which is what ``warm`` uses. The cache (the pin:
+tvm-ffi's ``$TVM_FFI_CACHE_DIR``; 0.5.17 on: ``$SGLANG_JIT_CACHE_DIR``) is keyed by the
+generated source (which holds absolute include paths) and flags, so the process that runs the
+tests finds what a ``warm`` process of the same variant built.
 
 Usage as a script (one process per variant, run in parallel by scripts/device/gpu_proof.py)::
 
     python tests/gpu/_jitenv.py warm gptq_marlin:bf16 moe_wna16_marlin:fp16 repack act:bf16
+    python tests/gpu/_jitenv.py warm moe_wna16_marlin:bf16:expert_ids_are_sorted+is_ep
 """
 
 from __future__ import annotations
@@ -27,18 +33,39 @@ import time
 from pathlib import Path
 from typing import Any
 
+for _p in (Path(__file__).resolve().parent, Path(__file__).resolve().parents[2] / "src"):
+    if str(_p) not in sys.path:
+        sys.path.insert(0, str(_p))
+import _sglang_api as api  # noqa: E402
+
 FORCE_ARCH_ENV = "FP4SERIES_FORCE_ARCH"
 TEMPLATES_ENV = "FP4SERIES_TEMPLATES"
+KERNEL_SET_ENV = "FP4SERIES_KERNEL_SET"  # set by gpu_proof.py when the trees are reduced
+LINE_ENV = "FP4SERIES_LINE"  # the series line under test (unset: the pin's)
+DRY_RUN_ENV = "FP4SERIES_GPU_DRY_RUN"  # 1: the harness on the CPU with stand-in kernels
 SUPPORTED_FORCED_ARCHES = ("compute_75",)
+# patched: the series (or a line) applied; unpatched: the pin's templates under the series'
+# host code (the repro of patches 1-2); upstream: a line's bare release (its repro)
+TEMPLATES = ("patched", "unpatched", "upstream")
 _applied = False
 
 
+def device() -> str:
+    """Where the harness puts its tensors: "cuda", or "cpu" in a dry run (_dryrun.py)."""
+    return "cpu" if os.environ.get(DRY_RUN_ENV) == "1" else "cuda"
+
+
 def templates_label() -> str:
-    """'patched' (default) or 'unpatched' (the pin's templates under the series' host code)."""
+    """What runs: 'patched' (default), 'unpatched' (pin) or 'upstream' (a line's release)."""
     value = os.environ.get(TEMPLATES_ENV, "patched")
-    if value not in ("patched", "unpatched"):
-        raise ValueError(f"{TEMPLATES_ENV}={value!r}: expected 'patched' or 'unpatched'")
+    if value not in TEMPLATES:
+        raise ValueError(f"{TEMPLATES_ENV}={value!r}: expected one of {', '.join(TEMPLATES)}")
     return value
+
+
+def line() -> str | None:
+    """The series line under test (``FP4SERIES_LINE``), None for the pin's."""
+    return os.environ.get(LINE_ENV) or None
 
 
 def forced_arch() -> str | None:
@@ -60,16 +87,9 @@ def apply_variant() -> None:
     if _applied or arch is None:
         _applied = True
         return
-    major, minor = int(arch[-2]), int(arch[-1])
-    import tvm_ffi.cpp.extension as tvm_ext
-    from sglang.jit_kernel import utils as jit_utils
-
-    jit_utils.get_jit_cuda_arch()  # run the one-time device probe first, then override it
-    # -DSGL_CUDA_ARCH=750 for host code, and a distinct tvm-ffi source hash.
-    jit_utils._CUDA_ARCH = jit_utils.ArchInfo(major, minor, "")
-    # PTX only: code=compute_75 (tvm-ffi would emit code=sm_75, which an SM90 GPU cannot load).
-    target = f"-gencode=arch=compute_{major}{minor},code=compute_{major}{minor}"
-    tvm_ext._get_cuda_target = lambda: target
+    # -DSGL_CUDA_ARCH=750 for host code (and a distinct cache key); PTX only: code=compute_75
+    # (the loaders would emit code=sm_75, which an SM90 GPU cannot load).
+    api.force_arch(int(arch[-2]), int(arch[-1]), ptx_only=True)
     _applied = True
 
 
@@ -77,12 +97,22 @@ def describe() -> dict[str, object]:
     """What the report records about the variant."""
     import sglang
 
-    return {
+    info: dict[str, object] = {
         "templates": templates_label(),
         "forced_arch": forced_arch(),
         "sglang_tree": os.path.dirname(os.path.dirname(os.path.abspath(sglang.__file__))),
-        "tvm_ffi_cache_dir": os.environ.get("TVM_FFI_CACHE_DIR", "~/.cache/tvm-ffi"),
+        "jit_layout": api.layout(),
+        "jit_cache_dir": os.environ.get(api.cache_env(), "(SGLang's default)"),
+        "kernel_set": os.environ.get(KERNEL_SET_ENV, "full"),
     }
+    try:
+        from sglang.version import __version__ as version
+    except ImportError:
+        version = getattr(sglang, "__version__", "?")
+    info["sglang_version"] = version
+    if line():
+        info["line"] = line()
+    return info
 
 
 # ----------------------------------------------------------------------------- variant workers
@@ -96,8 +126,22 @@ _workers: dict[str, tuple[subprocess.Popen[str], Path, Path, float]] = {}
 
 
 def _default_cache(suffix: str) -> str:
-    base = os.environ.get("TVM_FFI_CACHE_DIR", os.path.expanduser("~/.cache/tvm-ffi"))
-    return base + suffix
+    default = "~/.cache/tvm-ffi" if api.layout() == api.PIN_LAYOUT else "~/.cache/sglang/jit"
+    return os.environ.get(api.cache_env(), os.path.expanduser(default)) + suffix
+
+
+def _tree_env(tree: str, label: str, cache: str) -> dict[str, str]:
+    """A worker on another python tree: first on PYTHONPATH instead of the tree under test."""
+    import sglang
+
+    patched_root = Path(sglang.__file__).resolve().parents[1]
+    rest = [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p]
+    rest = [p for p in rest if Path(p).resolve() != patched_root]
+    return {
+        "PYTHONPATH": os.pathsep.join([tree, *rest]),
+        TEMPLATES_ENV: label,
+        api.cache_env(api.layout(Path(tree) / "sglang")): cache,
+    }
 
 
 def unpatched_env() -> tuple[dict[str, str] | None, str]:
@@ -108,17 +152,21 @@ def unpatched_env() -> tuple[dict[str, str] | None, str]:
             "FP4SERIES_UNPATCHED_TREE is not set to a python tree holding sglang/jit_kernel with "
             "the pin's templates (scripts/gpu-proof.sh builds one)"
         )
-    import sglang
+    cache = os.environ.get("FP4SERIES_UNPATCHED_CACHE") or _default_cache("-unpatched")
+    return _tree_env(tree, "unpatched", cache), ""
 
-    patched_root = Path(sglang.__file__).resolve().parents[1]
-    rest = [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p]
-    rest = [p for p in rest if Path(p).resolve() != patched_root]
-    return {
-        "PYTHONPATH": os.pathsep.join([tree, *rest]),
-        TEMPLATES_ENV: "unpatched",
-        "TVM_FFI_CACHE_DIR": os.environ.get("FP4SERIES_UNPATCHED_CACHE")
-        or _default_cache("-unpatched"),
-    }, ""
+
+def upstream_env() -> tuple[dict[str, str] | None, str]:
+    """Environment of a line's repro worker (the bare release the line is made on), or
+    (None, why not)."""
+    tree = os.environ.get("FP4SERIES_BARE_TREE")
+    if not tree or not (Path(tree) / "sglang").is_dir():
+        return None, (
+            "FP4SERIES_BARE_TREE is not set to the python tree of the release the line is "
+            "made on (scripts/gpu-proof.sh --line VERSION sets it)"
+        )
+    cache = os.environ.get("FP4SERIES_BARE_CACHE") or _default_cache("-upstream")
+    return _tree_env(tree, "upstream", cache), ""
 
 
 def turing_enabled() -> tuple[bool, str]:
@@ -127,21 +175,14 @@ def turing_enabled() -> tuple[bool, str]:
         return False, "FP4SERIES_SKIP_TURING=1 (compute_75 modules not built on this run)"
     import torch
 
-    try:
-        from sglang.srt.layers.quantization.marlin_utils_fp4 import check_fp4_marlin_supported
-    except ImportError as exc:
-        return False, f"marlin_utils_fp4 not importable: {exc}"
-    try:
-        check_fp4_marlin_supported(torch.float16, capability=(7, 5))
-    except ValueError as exc:
-        return False, f"the series refuses SM75 with fp16: {exc}"
-    return True, ""
+    ok, why = api.fp4_marlin_supported(torch.float16, (7, 5))
+    return (True, "") if ok else (False, f"the series refuses SM75 with fp16: {why}")
 
 
 def c75_env() -> dict[str, str]:
     return {
         FORCE_ARCH_ENV: "compute_75",
-        "TVM_FFI_CACHE_DIR": os.environ.get("FP4SERIES_C75_CACHE") or _default_cache("-c75"),
+        api.cache_env(): os.environ.get("FP4SERIES_C75_CACHE") or _default_cache("-c75"),
         "CUDA_MODULE_LOADING": "LAZY",
     }
 
@@ -182,44 +223,12 @@ def worker_result(suite: str, env_updates: dict[str, str]) -> dict[str, Any]:
     return json.loads(out.read_text())
 
 
-def _dtype(name: str):  # noqa: ANN202 - torch is imported lazily
-    import torch
-
-    return {"fp16": torch.float16, "bf16": torch.bfloat16}[name]
-
-
 def warm_one(spec: str) -> float:
-    """Build one module (``name[:dtype]``) without calling a kernel; returns seconds."""
-    name, _, dt = spec.partition(":")
+    """Build one module (``NAME[:DTYPE][:FLAG+FLAG]``, see _sglang_api) without calling a
+    kernel; returns seconds."""
     start = time.time()
-    if name == "gptq_marlin":
-        from sglang.jit_kernel.gptq_marlin import _jit_gptq_marlin_module
-
-        _jit_gptq_marlin_module(_dtype(dt))
-    elif name == "moe_wna16_marlin":
-        from sglang.jit_kernel.moe_wna16_marlin import _jit_moe_wna16_marlin_module
-
-        _jit_moe_wna16_marlin_module(_dtype(dt))
-    elif name == "repack":
-        from sglang.jit_kernel.gptq_marlin_repack import _jit_gptq_marlin_repack_module
-
-        _jit_gptq_marlin_repack_module()
-    elif name == "act":
-        from sglang.jit_kernel.activation import _jit_activation_module
-
-        _jit_activation_module(_dtype(dt))
-    elif name == "up_gptq_marlin":  # upstream 0.5.23 tree (sglang.kernels.*)
-        from sglang.kernels.ops.gemm.gptq_marlin import _jit_gptq_marlin_module as up_gemm
-
-        up_gemm(_dtype(dt))
-    elif name == "up_repack":
-        from sglang.kernels.ops.quantization.gptq_marlin_repack import (
-            _jit_gptq_marlin_repack_module as up_repack,
-        )
-
-        up_repack()
-    else:
-        raise ValueError(f"unknown module spec {spec!r}")
+    fn, args, kwargs = api.warm_call(spec)
+    fn(*args, **kwargs)
     return time.time() - start
 
 

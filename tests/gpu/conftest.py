@@ -5,8 +5,10 @@ Environment:
     FP4SERIES_REPORT_COMMAND  the command recorded in the reports (default: this pytest argv)
     FP4SERIES_REQUIRE_GPU=1   no CUDA / no SGLang is an error, not a skip (scripts/gpu-proof.sh)
     FP4SERIES_FORCE_ARCH      compute_75: build every JIT module as compute_75 PTX (_jitenv.py)
-    FP4SERIES_TEMPLATES       label of the templates under test (patched | unpatched)
+    FP4SERIES_TEMPLATES       what runs: patched | unpatched (pin) | upstream (a line's release)
     FP4SERIES_UNPATCHED_TREE  python tree whose jit_kernel sources are the pin's (repro test)
+    FP4SERIES_LINE            the series line under test (unset: the pin's); the reports name it
+    FP4SERIES_BARE_TREE       python tree of the release a line is made on (its repro test)
 """
 
 from __future__ import annotations
@@ -68,6 +70,10 @@ def _start_variant_workers(items: list[pytest.Item]) -> None:
         env, _ = _jitenv.unpatched_env()
         if env is not None:
             _jitenv.start_worker("repro", env)
+    if "test_bare_release_repro" in names:
+        env, _ = _jitenv.upstream_env()
+        if env is not None:
+            _jitenv.start_worker("upstream", env)
     if "test_turing_compute75_ptx" in names and _jitenv.turing_enabled()[0]:
         _jitenv.start_worker("turing", _jitenv.c75_env())
     items.sort(key=lambda item: item.fspath.basename == "test_kernel_repro.py")

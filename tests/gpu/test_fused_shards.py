@@ -11,7 +11,9 @@ folds the power of two of a ratio below 1 into w3's block scales).
 
 Every case goes to numerics.json's ``fused_shards`` list: served cases with their rel L2, also
 per shard (a wrong small shard would hide in the whole layer's error), refused ones with the
-error message. ``fp4series check-reports`` gates them (fp4series.report.check_fused_shards).
+error message, and ``templates`` (what ran: ``upstream`` for a line's bare release, recorded
+beside the line and not gated). ``fp4series check-reports`` gates them
+(fp4series.report.check_fused_shards).
 """
 
 from __future__ import annotations
@@ -25,6 +27,8 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
+import _jitenv  # noqa: E402
+import _sglang_api as api  # noqa: E402
 from _reference import (  # noqa: E402
     SMALLEST_BLOCK_SCALE,
     dequant_nvfp4,
@@ -34,6 +38,7 @@ from _reference import (  # noqa: E402
     route,
 )
 from test_marlin_numerics import (  # noqa: E402
+    DEV,
     DTYPES,
     MODELOPT_HF_QUANT_CONFIG,
     MOE_HIDDEN,
@@ -94,10 +99,9 @@ def build_fused(path: str, layer_name: str, dtype: torch.dtype, ratio: float, ge
     from sglang.srt.layers.linear import MergedColumnParallelLinear, QKVParallelLinear
 
     use_marlin_backends()
-    common = dict(
-        bias=False, params_dtype=dtype, quant_config=_quant_config(path), tp_rank=0, tp_size=1
-    )
-    with torch.device("cuda"):
+    common = dict(bias=False, params_dtype=dtype, quant_config=_quant_config(path),
+                  **api.fused_linear_kwargs())  # fmt: skip
+    with torch.device(DEV):
         if layer_name == "qkv":
             layer = QKVParallelLinear(
                 HIDDEN, HEAD, 32, 8, prefix="model.layers.0.self_attn.qkv_proj", **common
@@ -123,7 +127,7 @@ def build_fused(path: str, layer_name: str, dtype: torch.dtype, ratio: float, ge
         }
         for name, tensor in loads.items():
             param = getattr(layer, name)
-            param.weight_loader(param, tensor.to("cuda"), shard)
+            param.weight_loader(param, tensor.to(DEV), shard)
         parts.append(dequant_nvfp4(w.packed, w.scales, mult))
     layer.quant_method.process_weights_after_loading(layer)
     _expect_marlin(layer, f"{path} {layer_name}")
@@ -142,6 +146,7 @@ def run_fused_dense(path: str, layer_name: str, dtype: torch.dtype, ratio: float
         "global_multipliers": _multipliers(layer_name, ratio),
         "n": sum(sizes),
         "k": HIDDEN,
+        "templates": _jitenv.templates_label(),
     }
     try:
         layer, w_f32 = build_fused(path, layer_name, dtype, ratio, gen)
@@ -149,11 +154,11 @@ def run_fused_dense(path: str, layer_name: str, dtype: torch.dtype, ratio: float
         return [{**base, "outcome": "refused", "error": str(exc)[:500]}]
     bias = None
     if layer_name == "qkv":  # the column scale is fused with the bias add
-        bias = (torch.randn(base["n"], generator=gen, device="cuda") * 0.5).to(dtype)
+        bias = (torch.randn(base["n"], generator=gen, device=DEV) * 0.5).to(dtype)
     cases = []
     for m in MS:
         case = {**base, "outcome": "served", "m": m, "bias": bias is not None}
-        x = torch.randn(m, HIDDEN, generator=gen, device="cuda").to(dtype)
+        x = torch.randn(m, HIDDEN, generator=gen, device=DEV).to(dtype)
         ref = x.float() @ w_f32.t()
         if bias is not None:
             ref = ref + bias.float()
@@ -192,14 +197,14 @@ def build_moe_halves(path: str, dtype: torch.dtype, w3_over_w1: float, gen) -> M
 
         layer.scheme = config.get_moe_scheme(layer, layer_name="model.layers.0.mlp.experts")
         method = CompressedTensorsFusedMoEMethod(config)
-    with torch.device("cuda"):
+    with torch.device(DEV):
         method.create_weights(layer, e, MOE_HIDDEN, MOE_INTER, dtype, weight_loader=_loader)
     floor = SMALLEST_BLOCK_SCALE[dtype]
     w13 = random_nvfp4_weight(2 * MOE_INTER, MOE_HIDDEN, gen, lead=(e,), smallest=floor)
     w2 = random_nvfp4_weight(MOE_HIDDEN, MOE_INTER, gen, lead=(e,), smallest=floor)
-    g1 = RECIPE_MULTIPLIER * (1.0 + 0.5 * torch.rand(e, generator=gen, device="cuda"))
+    g1 = RECIPE_MULTIPLIER * (1.0 + 0.5 * torch.rand(e, generator=gen, device=DEV))
     halves = torch.stack([g1, g1 * w3_over_w1], dim=1)  # multipliers [E, 2]
-    g2 = 0.6 * RECIPE_MULTIPLIER * (1.0 + 0.5 * torch.rand(e, generator=gen, device="cuda"))
+    g2 = 0.6 * RECIPE_MULTIPLIER * (1.0 + 0.5 * torch.rand(e, generator=gen, device=DEV))
     if path.startswith("modelopt"):
         _fill(layer.w13_weight, w13.packed)
         _fill(layer.w2_weight, w2.packed)
@@ -235,6 +240,7 @@ def run_moe_halves(path: str, dtype: torch.dtype, w3_over_w1: float) -> list[dic
         "topk": MOE_TOPK,
         "n": MOE_INTER,
         "k": MOE_HIDDEN,
+        "templates": _jitenv.templates_label(),
     }
     try:
         moe = build_moe_halves(path, dtype, w3_over_w1, gen)
@@ -243,8 +249,8 @@ def run_moe_halves(path: str, dtype: torch.dtype, w3_over_w1: float) -> list[dic
     cases = []
     for m in MS:
         case = {**base, "outcome": "served", "m": m, "bias": False}
-        x = torch.randn(m, MOE_HIDDEN, generator=gen, device="cuda").to(dtype)
-        logits = torch.randn(m, MOE_E, generator=gen, device="cuda")
+        x = torch.randn(m, MOE_HIDDEN, generator=gen, device=DEV).to(dtype)
+        logits = torch.randn(m, MOE_E, generator=gen, device=DEV)
         weights, ids = route(logits, MOE_TOPK)
         ref = moe_reference(x, moe.w13_f32, moe.w2_f32, weights, ids)
         try:

@@ -5,6 +5,11 @@
   MoE non-finite output (legacy layout and FP8 scale dequant compiled out). The errors are
   recorded in numerics.json as ``templates: unpatched`` cases; they are the evidence patches 1
   and 2 cite.
+* A line's repro: the bare release the line is made on (e.g. v0.5.23), the same layers and
+  reference, fp16 and bf16, recorded as ``templates: upstream`` beside the line's cases. Its
+  dense layers with a bias as large as the output must fail (rel L2 >= 0.5: the bias is added
+  in Marlin's permuted order, the line's patch 1); its fused shards with their own global
+  scales are recorded as served or refused (the line's patch 5), not gated.
 * Turing: the patched templates built as compute_75 PTX only, run on this GPU through the
   driver's PTX JIT (``__CUDA_ARCH__ == 750``), fp16, dense and MoE, within 1e-2; written to
   turing_ptx.json. "not run" (with the reason) when the series does not enable SM75.
@@ -22,7 +27,12 @@ from typing import Any
 import _jitenv
 import pytest
 
-from fp4series.report import GATED_FIELDS, UNPATCHED_MIN_REL_L2, max_rel_l2
+from fp4series.report import (
+    GATED_FIELDS,
+    UNPATCHED_MIN_REL_L2,
+    UPSTREAM_BIAS_MIN_REL_L2,
+    max_rel_l2,
+)
 
 
 @pytest.mark.gpu
@@ -48,6 +58,33 @@ def test_unpatched_templates_fail(gpu_report: Any) -> None:
     assert not passing, (
         "the pin's templates gave correct results with the series' preprocessing; the kernel "
         f"patches would be unnecessary: {passing}"
+    )
+
+
+@pytest.mark.gpu
+def test_bare_release_repro(gpu_report: Any) -> None:
+    env, why = _jitenv.upstream_env()
+    if env is None:
+        pytest.skip(why)
+    result = _jitenv.worker_result("upstream", env)
+    cases, fused = result["cases"], result.get("fused_shards", [])
+    assert cases, "upstream worker produced no cases"
+    for case in [*cases, *fused]:
+        case["templates"] = "upstream"
+    gpu_report.add_cases(cases)
+    gpu_report.extra.setdefault("fused_shards", []).extend(fused)
+    gpu_report.extra["upstream_variant"] = result.get("variant")
+    tree = env["PYTHONPATH"].split(os.pathsep)[0]
+    assert os.path.samefile(result["variant"]["sglang_tree"], tree), "worker used another tree"
+    crashed = [c for c in cases if c.get("error")]
+    assert not crashed, f"the bare release's cases crashed instead of computing: {crashed}"
+    strong = [c for c in cases if c.get("bias") and c.get("bias_scale")]
+    assert strong, "no strong-bias case ran on the bare release"
+    right = [c for c in strong
+             if c.get("rel_l2") is not None and c["rel_l2"] < UPSTREAM_BIAS_MIN_REL_L2]  # fmt: skip
+    assert not right, (
+        "the bare release adds a large bias correctly; the line's bias patch would be "
+        f"unnecessary: {right}"
     )
 
 

@@ -6,9 +6,13 @@ backend), built by their own ``create_weights``, loaded with synthetic checkpoin
 ``process_weights_after_loading`` and ``apply``. MoE: ModelOpt NVFP4 and compressed-tensors
 W4A4 NVFP4 MoE methods with the Marlin runner.
 
+The same harness runs on the pin's SGLang and on a series line's (e.g. 0.5.23): what differs
+between their SGLang is behind _sglang_api.py. Dense cases with a bias as large as the layer's
+output (``bias_scale``) show a bias added in the wrong order, which a small bias would hide.
+
 This module is also the worker that test_kernel_repro.py runs in a subprocess with another JIT
-variant (the pin's templates, or compute_75 PTX): ``python tests/gpu/test_marlin_numerics.py
---worker {repro,turing} --out FILE``.
+variant (the pin's templates, compute_75 PTX, or a line's bare release): ``python
+tests/gpu/test_marlin_numerics.py --worker {repro,turing,upstream} --out FILE``.
 """
 
 from __future__ import annotations
@@ -23,6 +27,7 @@ import zlib
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from types import SimpleNamespace
 from typing import Any
 
 import pytest
@@ -31,11 +36,13 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import _jitenv  # noqa: E402
+import _sglang_api as api  # noqa: E402
 from _reference import (  # noqa: E402
     SMALLEST_BLOCK_SCALE,
     Nvfp4Weight,
     dense_reference,
     dequant_experts,
+    dequant_nvfp4,
     moe_reference,
     random_nvfp4_weight,
     rel_l2,
@@ -65,6 +72,12 @@ MOE_CONFIGS = ((8, 2), (8, 8), (64, 2), (64, 8))
 MOE_MS = (1, 33, 256)
 DENSE_PATHS = ("modelopt-dense", "ct-dense")
 MOE_PATHS = ("modelopt-moe", "ct-moe")
+# A bias of the layer output's own size (rms of x @ W^T for x ~ N(0, 1)): added in the wrong
+# order it gives rel L2 ~1; the 0.5 * randn bias of the other cases is ~0.1 of the output.
+STRONG_BIAS = 1.0
+STRONG_BIAS_SHAPE = "o_8b"
+STRONG_BIAS_MS = (1, 33, 128)
+DEV = _jitenv.device()  # "cuda"; "cpu" in a dry run (_dryrun.py)
 
 MODELOPT_HF_QUANT_CONFIG: dict[str, Any] = {
     "producer": {"name": "modelopt", "version": "0.29.0"},
@@ -106,20 +119,14 @@ def _seed(*parts: object) -> int:
 
 
 def _gen(*parts: object) -> torch.Generator:
-    return torch.Generator(device="cuda").manual_seed(_seed(*parts))
+    return torch.Generator(device=DEV).manual_seed(_seed(*parts))
 
 
 def _loader(param: torch.Tensor, loaded: torch.Tensor, *args: Any, **kwargs: Any) -> None:
     param.data.copy_(loaded)
 
 
-def use_marlin_backends() -> None:
-    """Select the Marlin FP4 GEMM and MoE runner backends, as the server args would."""
-    from sglang.srt.layers.moe import utils as moe_utils
-    from sglang.srt.layers.quantization import fp4_utils
-
-    fp4_utils.FP4_GEMM_RUNNER_BACKEND = fp4_utils.Fp4GemmRunnerBackend("marlin")
-    moe_utils.MOE_RUNNER_BACKEND = moe_utils.MoeRunnerBackend("marlin")
+use_marlin_backends = api.use_marlin_backends
 
 
 def _fill(param: torch.Tensor, value: torch.Tensor | float) -> None:
@@ -161,13 +168,13 @@ def build_modelopt_dense(
     config = ModelOptFp4Config.from_config(MODELOPT_HF_QUANT_CONFIG)
     method = ModelOptFp4LinearMethod(config)
     layer = torch.nn.Module()
-    with torch.device("cuda"):
+    with torch.device(DEV):
         method.create_weights(
             layer, k, list(parts), k, n, dtype, weight_loader=_loader
         )  # fmt: skip
     weight = random_nvfp4_weight(n, k, gen, smallest=SMALLEST_BLOCK_SCALE[dtype])
     # weight_scale_2 is a multiplier; same for every shard of a fused projection.
-    ws2 = RECIPE_MULTIPLIER * (1.0 + 0.3 * torch.rand((), generator=gen, device="cuda").item())
+    ws2 = RECIPE_MULTIPLIER * (1.0 + 0.3 * torch.rand((), generator=gen, device=DEV).item())
     _fill(layer.weight, weight.packed)
     _fill(layer.weight_scale, weight.scales)
     _fill(layer.weight_scale_2, ws2)
@@ -208,11 +215,11 @@ def build_ct_dense(
     layer = torch.nn.Module()
     layer.scheme = ct_linear_scheme(config)
     method = CompressedTensorsLinearMethod(config)
-    with torch.device("cuda"):
+    with torch.device(DEV):
         method.create_weights(layer, k, list(parts), k, n, dtype, weight_loader=_loader)
     weight = random_nvfp4_weight(n, k, gen, smallest=SMALLEST_BLOCK_SCALE[dtype])
     # compressed-tensors stores the global scale as a divisor: w = fp4 * block / gs.
-    gs = (1 + 0.3 * torch.rand((), generator=gen, device="cuda").item()) / RECIPE_MULTIPLIER
+    gs = (1 + 0.3 * torch.rand((), generator=gen, device=DEV).item()) / RECIPE_MULTIPLIER
     _fill(layer.weight_packed, weight.packed)
     _fill(layer.weight_scale, weight.scales)
     _fill(layer.weight_global_scale, gs)
@@ -246,21 +253,40 @@ def _finite(value: float) -> float | None:
     return value if value == value and value not in (float("inf"), float("-inf")) else None
 
 
+def _output_rms(dense: DenseLayer) -> float:
+    """rms of ``x @ W^T`` over x ~ N(0, 1): ||W||_F / sqrt(N)."""
+    w = dequant_nvfp4(dense.weight.packed, dense.weight.scales, dense.multiplier)
+    return torch.linalg.vector_norm(w).item() / dense.n**0.5
+
+
 def run_dense(
-    path: str, dtype: torch.dtype, shape: str, bias: bool, ms: Sequence[int]
+    path: str,
+    dtype: torch.dtype,
+    shape: str,
+    bias: bool,
+    ms: Sequence[int],
+    bias_scale: float | None = None,
 ) -> list[dict[str, Any]]:
-    """Build one layer, run every M; one case dict per M (errors recorded, not raised)."""
+    """Build one layer, run every M; one case dict per M (errors recorded, not raised).
+    ``bias_scale``: the bias's rms in units of the output's (default: 0.5 * randn)."""
     n, k, parts = DENSE_SHAPES[shape]
-    gen = _gen(path, dtype, shape, bias)
+    gen = _gen(path, dtype, shape, bias if bias_scale is None else bias_scale)
     use_marlin_backends()
     dense = DENSE_BUILDERS[path](n, k, parts, dtype, gen)
-    b = (torch.randn(n, generator=gen, device="cuda") * 0.5).to(dtype) if bias else None
+    b = None
+    if bias and bias_scale is None:
+        b = (torch.randn(n, generator=gen, device=DEV) * 0.5).to(dtype)
+    elif bias:
+        rms = bias_scale * _output_rms(dense)
+        b = (torch.randn(n, generator=gen, device=DEV) * rms).to(dtype)
     small = dense.weight.small_rows
     cases = []
     for m in ms:
         case = _case(path, dtype, m, n, k, bias)
         case["shape"] = shape
-        x = torch.randn(m, k, generator=gen, device="cuda").to(dtype)
+        if bias_scale is not None:
+            case["bias_scale"] = bias_scale
+        x = torch.randn(m, k, generator=gen, device=DEV).to(dtype)
         ref = dense_reference(x, dense.weight, dense.multiplier, b)
         try:
             out = dense.apply(x, b)
@@ -289,7 +315,8 @@ class FusedMoE(torch.nn.Module):
     The real FusedMoE needs an initialized tensor-parallel group; the quant method
     (create_weights / process_weights_after_loading / create_moe_runner / apply) is the real
     code. The class name matters: compressed-tensors matches the "Linear" target to
-    "FusedMoE" modules by class name.
+    "FusedMoE" modules by class name. What 0.5.23's methods read besides (the expert-parallel
+    view of its dispatcher, the MegaMoE flag) is set as FusedMoE sets it at EP size 1.
     """
 
     def __init__(self, e: int, topk: int, hidden: int, inter: int, dtype: torch.dtype) -> None:
@@ -303,6 +330,11 @@ class FusedMoE(torch.nn.Module):
         self.intermediate_size_per_partition = inter
         self.moe_ep_size, self.moe_ep_rank, self.moe_tp_size, self.moe_tp_rank = 1, 0, 1, 0
         self.layer_id = 0
+        self.params_dtype = dtype
+        self._mega_moe_nvfp4 = False
+        self.dispatcher = SimpleNamespace(moe_ep_size=1, moe_ep_rank=0, num_experts=e,
+                                          num_local_experts=e, local_expert_mapping=None,
+                                          expert_mask_gpu=None)  # fmt: skip
         # as FusedMoE.__init__ derives it from the runner backend (Marlin here: False)
         from sglang.srt.layers.moe.utils import get_moe_runner_backend
 
@@ -366,7 +398,7 @@ def _moe_weights(
 
 
 def _per_expert(gen: torch.Generator, e: int, base: float) -> torch.Tensor:
-    return base * (1.0 + 0.5 * torch.rand(e, generator=gen, device="cuda"))
+    return base * (1.0 + 0.5 * torch.rand(e, generator=gen, device=DEV))
 
 
 def build_modelopt_moe(e: int, topk: int, dtype: torch.dtype, gen: torch.Generator) -> MoeLayer:
@@ -378,7 +410,7 @@ def build_modelopt_moe(e: int, topk: int, dtype: torch.dtype, gen: torch.Generat
     config = ModelOptFp4Config.from_config(MODELOPT_HF_QUANT_CONFIG)
     method = ModelOptNvFp4FusedMoEMethod(config)
     layer = FusedMoE(e, topk, MOE_HIDDEN, MOE_INTER, dtype)
-    with torch.device("cuda"):
+    with torch.device(DEV):
         method.create_weights(layer, e, MOE_HIDDEN, MOE_INTER, dtype, weight_loader=_loader)
     w13, w2 = _moe_weights(e, MOE_HIDDEN, MOE_INTER, dtype, gen)
     g13 = _per_expert(gen, e, RECIPE_MULTIPLIER)  # multipliers, w1 and w3 share one per expert
@@ -408,7 +440,7 @@ def build_ct_moe(e: int, topk: int, dtype: torch.dtype, gen: torch.Generator) ->
     layer = FusedMoE(e, topk, MOE_HIDDEN, MOE_INTER, dtype)
     layer.scheme = config.get_moe_scheme(layer, layer_name="model.layers.0.mlp.experts")
     method = CompressedTensorsFusedMoEMethod(config)
-    with torch.device("cuda"):
+    with torch.device(DEV):
         method.create_weights(layer, e, MOE_HIDDEN, MOE_INTER, dtype, weight_loader=_loader)
     w13, w2 = _moe_weights(e, MOE_HIDDEN, MOE_INTER, dtype, gen)
     gs13 = _per_expert(gen, e, 1 / RECIPE_MULTIPLIER)  # divisors
@@ -454,8 +486,8 @@ def run_moe(path: str, dtype: torch.dtype, e: int, topk: int, ms: Sequence[int])
     for m in ms:
         case = _case(path, dtype, m, MOE_INTER, MOE_HIDDEN, False)
         case.update(e=e, topk=topk, shape=f"moe_h{MOE_HIDDEN}_i{MOE_INTER}")
-        x = torch.randn(m, MOE_HIDDEN, generator=gen, device="cuda").to(dtype)
-        logits = torch.randn(m, e, generator=gen, device="cuda")
+        x = torch.randn(m, MOE_HIDDEN, generator=gen, device=DEV).to(dtype)
+        logits = torch.randn(m, e, generator=gen, device=DEV)
         weights, ids = route(logits, topk)
         ref = moe_reference(x, moe.w13_f32, moe.w2_f32, weights, ids)
         try:
@@ -523,6 +555,17 @@ def test_dense(path: str, dtype: str, shape: str, bias: bool, gpu_report: Any) -
 
 
 @pytest.mark.gpu
+@pytest.mark.parametrize("dtype", list(DTYPES))
+@pytest.mark.parametrize("path", DENSE_PATHS)
+def test_dense_strong_bias(path: str, dtype: str, gpu_report: Any) -> None:
+    """A bias as large as the output: one added in the wrong order shows at rel L2 ~1."""
+    cases = run_dense(path, DTYPES[dtype], STRONG_BIAS_SHAPE, True, STRONG_BIAS_MS, STRONG_BIAS)
+    gpu_report.add_cases(cases)
+    bad = _fails(cases)
+    assert not bad, f"{path} {dtype} {STRONG_BIAS_SHAPE} bias x{STRONG_BIAS}: " + "; ".join(bad)
+
+
+@pytest.mark.gpu
 @pytest.mark.parametrize(("path", "dtype", "e", "topk"), MOE_PARAMS)
 def test_moe(path: str, dtype: str, e: int, topk: int, gpu_report: Any) -> None:
     cases = run_moe(path, DTYPES[dtype], e, topk, MOE_MS)
@@ -534,38 +577,70 @@ def test_moe(path: str, dtype: str, e: int, topk: int, gpu_report: Any) -> None:
 # ----------------------------------------------------------------------------- worker
 
 # Subsets run under another JIT variant (each variant is a separate multi-minute build).
-WORKER_SUITES: dict[str, dict[str, Any]] = {
+# dense: (path, dtype, shape, bias, Ms[, bias_scale]); moe: (path, dtype, E, top-k, Ms);
+# fused: (path, layer, dtype, ratio) and fused_moe: (path, dtype, w3 / w1), at the Ms of
+# test_fused_shards.py.
+FP16, BF16 = torch.float16, torch.bfloat16
+WORKER_SUITES: dict[str, dict[str, list[tuple[Any, ...]]]] = {
     # The pin's templates with the series' host preprocessing: expected to FAIL.
     "repro": {
         "dense": [
-            ("modelopt-dense", torch.bfloat16, "qkv_8b", False, (1, 33, 128)),
-            ("ct-dense", torch.bfloat16, "o_8b", False, (16, 128)),
+            ("modelopt-dense", BF16, "qkv_8b", False, (1, 33, 128)),
+            ("ct-dense", BF16, "o_8b", False, (16, 128)),
         ],
         "moe": [
-            ("modelopt-moe", torch.bfloat16, 8, 2, (1, 33)),
-            ("ct-moe", torch.bfloat16, 8, 2, (33,)),
+            ("modelopt-moe", BF16, 8, 2, (1, 33)),
+            ("ct-moe", BF16, 8, 2, (33,)),
         ],
     },
     # compute_75 PTX on an SM90 GPU: the SM75 code path, fp16 only, expected to PASS.
     "turing": {
         "dense": [
-            ("modelopt-dense", torch.float16, "qkv_8b", True, (1, 33, 128)),
-            ("ct-dense", torch.float16, "down_8b", False, (7, 128)),
+            ("modelopt-dense", FP16, "qkv_8b", True, (1, 33, 128)),
+            ("ct-dense", FP16, "down_8b", False, (7, 128)),
         ],
         "moe": [
-            ("modelopt-moe", torch.float16, 8, 2, (1, 33)),
-            ("ct-moe", torch.float16, 64, 8, (33,)),
+            ("modelopt-moe", FP16, 8, 2, (1, 33)),
+            ("ct-moe", FP16, 64, 8, (33,)),
         ],
+    },
+    # A line's bare release beside the line: the bias added in Marlin's permuted order (the
+    # strong-bias cases: expected rel L2 ~1), fused shards' own global scales (served with one
+    # scale, or refused), and the cases both should pass (no bias, MoE), fp16 and bf16.
+    "upstream": {
+        "dense": [
+            *(
+                (p, dt, STRONG_BIAS_SHAPE, True, (1, 33), STRONG_BIAS)
+                for p in DENSE_PATHS
+                for dt in (FP16, BF16)
+            ),
+            *((p, dt, STRONG_BIAS_SHAPE, False, (33,)) for p in DENSE_PATHS for dt in (FP16, BF16)),
+        ],  # fmt: skip
+        "moe": [(p, dt, 8, 2, (1, 33)) for p in MOE_PATHS for dt in (FP16, BF16)],
+        "fused": [(p, "qkv", dt, 2.0) for p in DENSE_PATHS for dt in (FP16, BF16)],
+        "fused_moe": [(p, dt, 2.0) for p in MOE_PATHS for dt in (FP16, BF16)],
     },
 }
 
 
-def run_suite(name: str) -> Iterator[dict[str, Any]]:
+def run_suite(name: str) -> Iterator[tuple[str, dict[str, Any]]]:
+    """("cases" | "fused_shards", case) for every case of a worker suite."""
     suite = WORKER_SUITES[name]
-    for path, dtype, shape, bias, ms in suite["dense"]:
-        yield from run_dense(path, dtype, shape, bias, ms)
+    for path, dtype, shape, bias, ms, *scale in suite["dense"]:
+        for case in run_dense(path, dtype, shape, bias, ms, *scale):
+            yield "cases", case
     for path, dtype, e, topk, ms in suite["moe"]:
-        yield from run_moe(path, dtype, e, topk, ms)
+        for case in run_moe(path, dtype, e, topk, ms):
+            yield "cases", case
+    if suite.get("fused") or suite.get("fused_moe"):
+        from test_fused_shards import run_fused_dense, run_moe_halves
+
+        for path, layer, dtype, ratio in suite.get("fused", []):
+            for case in run_fused_dense(path, layer, dtype, ratio):
+                yield "fused_shards", case
+        for path, dtype, ratio in suite.get("fused_moe", []):
+            for case in run_moe_halves(path, dtype, ratio):
+                yield "fused_shards", case
 
 
 def worker_main(argv: Sequence[str] | None = None) -> int:
@@ -576,11 +651,11 @@ def worker_main(argv: Sequence[str] | None = None) -> int:
     _jitenv.apply_variant()
     torch.backends.cuda.matmul.allow_tf32 = False
     start = time.time()
-    cases = []
-    for case in run_suite(args.worker):
+    found: dict[str, list[dict[str, Any]]] = {"cases": [], "fused_shards": []}
+    for kind, case in run_suite(args.worker):
         print(f"[{args.worker}] {json.dumps(case)}", flush=True)
-        cases.append(case)
-    result = {"suite": args.worker, "variant": _jitenv.describe(), "cases": cases,
+        found[kind].append(case)
+    result = {"suite": args.worker, "variant": _jitenv.describe(), **found,
               "seconds": round(time.time() - start, 1)}  # fmt: skip
     Path(args.out).write_text(json.dumps(result, indent=1))
     return 0

@@ -11,14 +11,14 @@ from typing import Any
 
 import pytest
 import torch
-from test_marlin_numerics import build_modelopt_dense, use_marlin_backends
+from test_marlin_numerics import DEV, build_modelopt_dense, use_marlin_backends
 
 N, K, M = 4096, 4096, 16
 
 
 def _layer(dtype: torch.dtype = torch.bfloat16) -> Any:
     use_marlin_backends()
-    gen = torch.Generator(device="cuda").manual_seed(1234)
+    gen = torch.Generator(device=DEV).manual_seed(1234)
     return build_modelopt_dense(N, K, (N,), dtype, gen), gen
 
 
@@ -49,8 +49,8 @@ def _close(a: torch.Tensor, b: torch.Tensor) -> tuple[bool, float]:
 @pytest.mark.gpu
 def test_cuda_graph_replay_matches_eager(gpu_report: Any) -> None:
     dense, gen = _layer()
-    bias = (torch.randn(N, generator=gen, device="cuda") * 0.5).to(torch.bfloat16)
-    static_x = torch.randn(M, K, generator=gen, device="cuda").to(torch.bfloat16)
+    bias = (torch.randn(N, generator=gen, device=DEV) * 0.5).to(torch.bfloat16)
+    static_x = torch.randn(M, K, generator=gen, device=DEV).to(torch.bfloat16)
     stream = torch.cuda.Stream()
     stream.wait_stream(torch.cuda.current_stream())
     with torch.cuda.stream(stream):
@@ -62,7 +62,7 @@ def test_cuda_graph_replay_matches_eager(gpu_report: Any) -> None:
         static_out = dense.apply(static_x, bias)
     results = []
     for _ in range(3):  # new inputs each replay: the graph must read the static buffer
-        x = torch.randn(M, K, generator=gen, device="cuda").to(torch.bfloat16)
+        x = torch.randn(M, K, generator=gen, device=DEV).to(torch.bfloat16)
         static_x.copy_(x)
         graph.replay()
         torch.cuda.synchronize()
@@ -83,7 +83,7 @@ def test_torch_compile_fullgraph_keeps_the_op(gpu_report: Any) -> None:
     dense, gen = _layer()
     op = _op_callable()
     args = _layer_op_args(dense.layer)
-    x = torch.randn(M, K, generator=gen, device="cuda").to(torch.bfloat16)
+    x = torch.randn(M, K, generator=gen, device=DEV).to(torch.bfloat16)
     eager = dense.apply(x, None)
 
     seen: list[str] = []

@@ -166,3 +166,62 @@ def test_records_from_junit(tmp_path: Path) -> None:
     ids = sorted(r["id"] for r in got.values())
     assert ids[0].startswith("sglang/jit_kernel/tests/test_gptq_marlin.py::")
     assert ids[-1].startswith("sglang/jit_kernel/tests/test_moe_wna16_marlin.py::")
+
+
+def test_a_line_on_the_new_layout_points_moved_imports_at_their_place() -> None:
+    text = UPSTREAM_TEST.replace(
+        "import pytest\n", "import pytest\nfrom sglang.jit_kernel.gptq_marlin import gemm\n"
+    )
+    name = "sglang/jit_kernel/tests/test_gptq_marlin.py"
+    edited, edits = conformance.mechanical_edits(name, text, conformance.MODULE_MOVES)
+    moved = [e for e in edits if e.kind == "module-move"]
+    assert [(e.line, e.removed, e.replacement) for e in moved] == [
+        (2, "sglang.jit_kernel.gptq_marlin", "sglang.kernels.ops.gemm.gptq_marlin")
+    ]
+    assert "from sglang.kernels.ops.gemm.gptq_marlin import gemm\n" in edited
+    assert "sglang.jit_kernel" not in edited
+    # without the table (the pin's tree) the import stays as upstream wrote it
+    pin_text, pin_edits = conformance.mechanical_edits(name, text)
+    assert "from sglang.jit_kernel.gptq_marlin import gemm" in pin_text
+    assert all(e.kind != "module-move" for e in pin_edits)
+    unknown = text.replace("jit_kernel.gptq_marlin", "jit_kernel.other_module")
+    with pytest.raises(SeriesError, match="imports sglang.jit_kernel.other_module"):
+        conformance.mechanical_edits(name, unknown, conformance.MODULE_MOVES)
+
+
+def test_profiles() -> None:
+    pin = conformance.profile()
+    assert pin.required == conformance.REQUIRED and pin.not_applicable
+    line = conformance.profile("0.5.23")
+    assert line.source_version == "0.5.13" and line.module_moves == conformance.MODULE_MOVES
+    assert set(line.required) == {*conformance.REQUIRED, *conformance.NOT_APPLICABLE}
+    assert line.not_applicable == {}
+    with pytest.raises(SeriesError, match="no conformance profile for the 9.9 line"):
+        conformance.profile("9.9")
+
+
+def test_module_moves_name_the_line_trees_modules() -> None:
+    """Each new place is a module of the 0.5.23 tree (the line's checkout, when made)."""
+    tree = paths.project_root() / ".work" / "lines" / "0.5.23" / "checkout" / "python"
+    if not tree.is_dir():
+        pytest.skip("no checkout of the 0.5.23 line (scripts/main.sh --line 0.5.23)")
+    for new in conformance.MODULE_MOVES.values():
+        assert (tree / Path(*new.split("."))).with_suffix(".py").is_file(), new
+
+
+def test_real_upstream_wheel_as_the_line_runs_it(tmp_path: Path) -> None:
+    release = conformance.upstream_release()
+    wheel = paths.default_cache_dir() / "wheels" / release.wheel_filename
+    if not wheel.is_file():
+        pytest.skip(f"{release.wheel_filename} not in the cache (fetch-upstream --version 0.5.13)")
+    got = conformance.extract_from_lock(tmp_path / "out", wheel=wheel, line="0.5.23")
+    moves = [e for e in got.edits if e.kind == "module-move"]
+    assert len(moves) == 2 and {e.replacement for e in moves} == set(
+        conformance.MODULE_MOVES.values()
+    )
+    for test in ("test_gptq_marlin.py", "test_moe_wna16_marlin.py"):
+        assert "sglang.jit_kernel" not in (tmp_path / "out" / "tests" / test).read_text()
+    junit = tmp_path / "j.xml"
+    junit.write_text(JUNIT)
+    records = conformance.records(conformance.outcomes_from_junit(junit), {})
+    assert all(r["status"] != "not-applicable" for r in records)  # the line takes them all

@@ -136,6 +136,30 @@ def test_a_dispatch_of_another_shape_is_refused_with_a_way_out() -> None:
         md.dispatch_kernels(seven)
 
 
+def test_the_dispatch_of_upstream_and_of_a_line_that_wraps_it() -> None:
+    """Upstream from 0.5.17 (bare v0.5.23) names its dispatch get_marlin_kernel; the 0.5.23
+    line's Turing patch renames it get_marlin_kernel_impl and wraps it in a per-arch
+    get_marlin_kernel that instantiates nothing itself: either way the same kernels."""
+    want = md.dispatch_kernels(DISPATCH)
+    upstream = DISPATCH.replace("get_marlin_kernel_impl", "get_marlin_kernel")
+    assert md.has_dispatch(upstream) and md.dispatch_kernels(upstream) == want
+    assert sorted(md.reduce_source(upstream, FP4).kept) == sorted(
+        k for k in want if k.w_type == "kFE2M1f"
+    )
+    wrapper = """
+template <typename scalar_t>
+MarlinFuncPtr get_marlin_kernel(const host::ScalarType q_type, int thread_m_blocks) {
+  if constexpr (marlin_arch_supports_dtype<scalar_t>()) {
+    return get_marlin_kernel_impl<scalar_t>(q_type, thread_m_blocks);
+  } else {
+    return MarlinDefault;
+  }
+}
+"""
+    assert md.dispatch_kernels(DISPATCH + wrapper) == want
+    assert not md.has_dispatch("int main() { return get_marlin_kernel(1); }")
+
+
 def test_the_staged_copy_includes_the_original_headers(tmp_path: Path) -> None:
     src = tmp_path / "tree" / "gemm" / "marlin"
     src.mkdir(parents=True)
@@ -177,6 +201,24 @@ def test_the_patched_templates_reduce_to_all_their_fp4_kernels(source: Path | No
     if "marlin_moe" in source.parts:
         assert {k.group_blocks for k in fp4} == {"1", "2"}  # + MXFP4 (E8M0 scales)
     assert len(red.kept) * 8 < len(full)
+
+
+def _bare_release_sources() -> list[Path]:
+    """The dispatch sources of materialized bare releases of the kernels/jit layout."""
+    root = Path(__file__).resolve().parents[2]
+    return sorted((root / ".work" / "upstream").glob(
+        "*/python/sglang/kernels/jit/csrc/gemm/marlin*/*_marlin.cuh"))  # fmt: skip
+
+
+@pytest.mark.parametrize("source", _bare_release_sources() or [None], ids=str)
+def test_a_bare_release_reduces_to_all_its_fp4_kernels(source: Path | None) -> None:
+    """What a line's GPU proof builds for its bare release (the repro) with --kernel-set fp4."""
+    if source is None:
+        pytest.skip("no bare release of the kernels/ layout under .work/upstream")
+    text = source.read_text()
+    red = md.reduce_source(text, FP4)
+    assert sorted(red.kept) == sorted(k for k in md.dispatch_kernels(text) if k.w_type == "kFE2M1f")
+    assert red.kept and not red.variants
 
 
 def test_the_variant_set_adds_one_kernel_of_every_other_variant() -> None:

@@ -681,3 +681,169 @@ def test_tensor_parallel_coverage(tmp_path: Path) -> None:
         lambda c: [x.update(outcome="refused", error="x") for x in c if x["layer"] == "moe"],
     )
     assert "ct-moe float16: no served expert-parallel case with ep 2" in text
+
+
+# --------------------------------------------------------------------------- a series line
+
+LINE = "0.5.23"
+LINE_META: dict[str, Any] = {
+    **META,
+    "command": f"scripts/gpu-proof.sh --line {LINE}",
+    "pin": {"tag": f"v{LINE}", "version": LINE, "wheel_sha256": "00b3" * 16},
+    "line": LINE,
+}
+
+
+def _line_numerics() -> dict[str, Any]:
+    """What scripts/gpu-proof.sh --line writes: the line's cases, and its bare release's
+    (templates: upstream) with a bias the size of the output, each dense path and dtype."""
+    cases = [_case(p, d) for p in report.PATHS for d in report.DTYPES]
+    for path in report.DENSE_PATHS:
+        for dtype in report.DTYPES:
+            strong = dict(_case(path, dtype), bias=True, bias_scale=1.0)
+            cases += [strong, dict(strong, templates="upstream", rel_l2=0.98)]
+    cases.append(_case("ct-moe", "bfloat16", "upstream", 6e-3))  # recorded, not gated
+    fused = _fused_shards()
+    fused.append(
+        {
+            "path": "ct-dense",
+            "layer": "qkv",
+            "dtype": "float16",
+            "ratio": 2.0,
+            "templates": "upstream",
+            "outcome": "refused",
+            "error": "requires all fused projections to share one weight_global_scale",
+        }
+    )
+    fused.append({"path": "modelopt-dense", "layer": "qkv", "dtype": "float16", "ratio": 2.0,
+                  "templates": "upstream", "outcome": "served", "m": 33, "rel_l2": 0.87,
+                  "rel_l2_per_shard": [0.7, 1.2, 0.9]})  # fmt: skip
+    return {**_numerics(), **LINE_META, "cases": cases, "fused_shards": fused}
+
+
+def _line_conformance() -> dict[str, Any]:
+    from fp4series import conformance
+
+    tests = [{"id": f"sglang/jit_kernel/tests/x.py::{name}[dtype0]", "status": "pass"}
+             for name in conformance.profile(LINE).required]  # fmt: skip
+    edits = [{"file": "sglang/jit_kernel/tests/test_gptq_marlin.py", "line": 8,
+              "kind": "module-move", "removed": "sglang.jit_kernel.gptq_marlin",
+              "replacement": "sglang.kernels.ops.gemm.gptq_marlin"}]  # fmt: skip
+    return {**_conformance(), **LINE_META, "tests": tests, "edits": edits}
+
+
+def _write_line(tmp_path: Path, **override: Any) -> Path:
+    data = {"numerics.json": _line_numerics(), "conformance.json": _line_conformance(),
+            "turing_ptx.json": {**_turing(), **LINE_META}}  # fmt: skip
+    for name, value in {**data, **override}.items():
+        if value is not None:
+            (tmp_path / name).write_text(json.dumps(value))
+    return tmp_path
+
+
+def _line_problems(tmp_path: Path, **override: Any) -> str:
+    return "\n".join(report.check_report_dir(_write_line(tmp_path, **override), LINE))
+
+
+def test_line_reports_pass_without_a_benchmark(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    assert _line_problems(tmp_path) == ""
+    assert main(["check-reports", "--dir", str(tmp_path), "--line", LINE]) == 0
+    assert f"the {LINE} line's GPU reports" in capsys.readouterr().out
+    # the same files as the pin's: the pin's repro is missing and so is the benchmark
+    pin = "\n".join(report.check_report_dir(tmp_path))
+    assert "no unpatched-template repro case" in pin and "bench.json: not found" in pin
+    assert "templates must be 'patched' or 'unpatched'" in pin
+    assert f"a report of the {LINE} line in the pin's report directory" in pin
+
+
+def test_line_bare_release_must_add_a_large_bias_wrong(tmp_path: Path) -> None:
+    numerics = _line_numerics()
+    bare = [c for c in numerics["cases"] if c["templates"] == "upstream" and c.get("bias")]
+    bare[0]["rel_l2"] = 0.31  # a bare release that adds the bias right needs no patch 1
+    bare[1]["rel_l2"] = None  # a run that failed
+    bare[2].update(rel_l2=None, nonfinite_outputs=12)  # garbage: fails as expected
+    problems = _line_problems(tmp_path, **{"numerics.json": numerics})
+    assert "should add the bias wrong, but rel_l2 3.100e-01 < 0.5" in problems
+    assert "repro rel_l2 is None (run failed?)" in problems
+    assert problems.count("\n") == 1, problems
+
+
+def test_line_needs_the_strong_bias_cases_of_both_and_gates_the_line(tmp_path: Path) -> None:
+    numerics = _line_numerics()
+    numerics["cases"] = [
+        c
+        for c in numerics["cases"]
+        if not (c["templates"] == "upstream" and c["path"] == "ct-dense")
+    ]
+    line_strong = next(c for c in numerics["cases"] if c.get("bias_scale"))
+    line_strong["rel_l2"] = 0.9  # the line's own bias case is gated like every patched one
+    problems = _line_problems(tmp_path, **{"numerics.json": numerics})
+    for dtype in report.DTYPES:
+        assert (
+            f"no bare-release dense case with a bias the size of the output for ct-dense "
+            f"{dtype}" in problems
+        )
+    assert "bias=True" in problems and "rel_l2 9.000e-01 > 1.0e-02" in problems
+
+
+def test_line_fused_shards_of_the_bare_release_are_recorded_not_gated(tmp_path: Path) -> None:
+    numerics = _line_numerics()
+    assert _line_problems(tmp_path, **{"numerics.json": numerics}) == ""
+    numerics["fused_shards"][-1]["outcome"] = "crashed"
+    assert "[upstream]: outcome must be one of" in _line_problems(
+        tmp_path, **{"numerics.json": numerics}
+    )
+
+
+def test_line_reports_must_name_the_line_and_its_release(tmp_path: Path) -> None:
+    numerics = {**_line_numerics(), "pin": META["pin"]}  # the pin's report copied over
+    turing = {k: v for k, v in {**_turing(), **LINE_META}.items() if k != "line"}
+    problems = _line_problems(tmp_path, **{"numerics.json": numerics, "turing_ptx.json": turing})
+    assert "numerics.json: pin.version '0.5.11' is not the line's release 0.5.23" in problems
+    assert "turing_ptx.json: line is None, expected '0.5.23'" in problems
+
+
+def test_line_conformance_requires_the_moe_tests_too(tmp_path: Path) -> None:
+    from fp4series import conformance
+
+    conf = _line_conformance()
+    assert len(conformance.profile(LINE).required) > len(report.CONFORMANCE_REQUIRED)
+    moe = "test_fused_marlin_moe_nvfp4_non_gated_matches_dequant_reference"
+    conf["tests"] = [t for t in conf["tests"] if moe not in t["id"]]
+    problems = _line_problems(tmp_path, **{"conformance.json": conf})
+    assert f"upstream test {moe} was not run" in problems
+
+
+def test_line_is_found_from_the_report_dir(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    root = Path(__file__).resolve().parents[2]
+    assert report.line_of_report_dir(root / "reports" / "h200" / LINE, root) == LINE
+    assert report.line_of_report_dir(root / "reports" / "h200", root) is None
+    assert report.line_of_report_dir(root / "reports" / "h200" / "9.9.9", root) is None
+    assert report.line_of_report_dir(tmp_path / LINE, root) is None
+    fake = tmp_path / "project"
+    (fake / "reports" / "h200" / LINE).mkdir(parents=True)
+    (fake / "upstream.lock").write_text((root / "upstream.lock").read_text())
+    monkeypatch.setenv("FP4SERIES_ROOT", str(fake))
+    monkeypatch.chdir(fake)
+    assert main(["check-reports", "--dir", f"reports/h200/{LINE}", "--allow-none"]) == 0
+    assert (
+        f"no GPU reports of the {LINE} line in reports/h200/{LINE} yet" in capsys.readouterr().out
+    )
+    _write_line(fake / "reports" / "h200" / LINE)
+    assert main(["check-reports", "--dir", f"reports/h200/{LINE}"]) == 0
+    assert f"the {LINE} line's GPU reports in reports/h200/{LINE}: OK" in capsys.readouterr().out
+
+
+def test_run_metadata_of_a_line(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv(report.REVISION_ENV, raising=False)
+    monkeypatch.setenv(report.LINE_ENV, LINE)
+    meta = report.run_metadata("cmd", device="cpu")
+    assert meta["line"] == LINE and meta["pin"]["version"] == LINE
+    assert meta["pin"]["tag"] == f"v{LINE}" and len(meta["pin"]["wheel_sha256"]) == 64
+    root = Path(__file__).resolve().parents[2]
+    assert meta["series_revision"]["series_sha256"] == report.series_sha256(root / "patches" / LINE)
+    assert meta["series_revision"]["series_sha256"] != report.series_sha256(root / "patches")
