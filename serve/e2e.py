@@ -20,8 +20,16 @@ and once each: ``python -m sglang.launch_server`` on 127.0.0.1 asked by the ``op
 negative control (the bare pin on a separate PYTHONPATH must refuse the ModelOpt checkpoint with
 its minimum-capability error).
 
+With ``--parallel`` on a host with two GPUs, the bf16 NVFP4 checkpoints are also served across
+both (``tp_size=2``; the MoE also ``ep_size=2``) and scored like the one-GPU cases, against the
+one-GPU NVFP4 run of the same checkpoint (its perplexity and top-1 ids over the same text, which
+that case unit recorded); and ``dense-large`` decodes at batch 1 and 32 with ``tp_size=2`` beside
+its one-GPU speed unit. NVLink multicast stays off in every worker and what it starts
+(``NO_MULTICAST_ENV``).
+
 How it runs: the work is cut into units (``negative``, ``case/MODEL/FORMAT/DTYPE``,
-``unquantized/MODEL/DTYPE``, ``http/auto``, ``http/marlin``; ``plan`` lists them). Each unit
+``unquantized/MODEL/DTYPE``, ``http/auto``, ``http/marlin``, ``speed/MODEL/VARIANT``; with
+``--parallel`` ``parallel/FORMAT/MODEL/tp2|ep2``; ``plan`` lists them). Each unit
 runs in its own worker process (serve/e2e_engine.py, the only code that imports SGLang), up to
 ``--workers`` at a time, so that a crashing engine (SGLang kills its whole process tree when a
 child fails) costs one unit. Engines start in parallel; timed work holds an exclusive GPU lock,
@@ -91,6 +99,17 @@ HTTP_RUNS = {  # unit -> (model, format, --fp4-gemm-backend or None)
     "http/auto": ("dense", "compressed-tensors", None),
     "http/marlin": ("moe", "modelopt", "marlin"),
 }
+# Two GPUs (--parallel): unit suffix -> (tp_size, ep_size); each accuracy unit compares with
+# the one-GPU case unit of its checkpoint, the speed unit with the one-GPU speed unit.
+PARALLEL_LAYOUTS = {"tp2": (2, 1), "ep2": (2, 2)}
+PARALLEL_GPUS = 2
+# NVLink multicast (NVLS) off in every worker and in every process the engine starts (they
+# inherit the worker's environment): on a shared host it can take the GPUs down.
+NO_MULTICAST_ENV = {
+    "NCCL_NVLS_ENABLE": "0",
+    "TORCH_SYMM_MEM_DISABLE_MULTICAST": "1",
+    "NVSHMEM_DISABLE_NVLS": "1",
+}
 NEGATIVE = ("dense", "modelopt")  # the bare pin: ModelOptFp4Config.get_min_capability() == 100
 HTTP_PROMPT = "def parse_args(argv=None):\n    parser = argparse.ArgumentParser("
 WORKER = [sys.executable, str(HERE / "e2e_engine.py")]  # + job file (tests replace it)
@@ -114,14 +133,21 @@ def log(msg: str) -> None:
 # --------------------------------------------------------------------------- settings
 
 
-def engine_kwargs(settings: Mapping[str, Any], model_path: str, dtype: str) -> dict[str, Any]:
-    """``sglang.Engine(**kwargs)``: ServerArgs field names of the pin (v0.5.11 server_args.py)."""
+def engine_kwargs(
+    settings: Mapping[str, Any], model_path: str, dtype: str, tp_size: int = 1, ep_size: int = 1
+) -> dict[str, Any]:
+    """``sglang.Engine(**kwargs)``: ServerArgs field names of the pin (v0.5.11 server_args.py).
+    ``tp_size`` / ``ep_size`` appear only above 1, so one-GPU engines keep the defaults."""
     kw: dict[str, Any] = {
         "model_path": model_path,
         "dtype": dtype,
         "log_level": "info",  # the scheduler's load and backend lines land in the unit's log
         "random_seed": 0,
     }
+    if tp_size > 1:
+        kw["tp_size"] = tp_size
+    if ep_size > 1:
+        kw["ep_size"] = ep_size  # the pin needs ep_size * moe_dp_size == tp_size
     if settings.get("attention_backend"):
         kw["attention_backend"] = settings["attention_backend"]
     for key in ("max_total_tokens", "cuda_graph_max_bs", "mem_fraction_static"):
@@ -198,13 +224,16 @@ def settings_from_args(args: argparse.Namespace) -> dict[str, Any]:
 @dataclass
 class Unit:
     id: str
-    kind: str  # negative | case | unquantized | http | speed
+    kind: str  # negative | case | unquantized | http | speed | parallel
     spec: dict[str, Any] = field(default_factory=dict)
 
 
-def plan_units(ckpt: Path, settings: Mapping[str, Any], pin_tree: str | None) -> list[Unit]:
+def plan_units(
+    ckpt: Path, settings: Mapping[str, Any], pin_tree: str | None, parallel: bool = False
+) -> list[Unit]:
     """Every unit of a full run, in the order they start (the cheap negative control first;
-    the first cases cover both dtypes, so the engine's JIT kernels build in parallel)."""
+    the first cases cover both dtypes, so the engine's JIT kernels build in parallel).
+    ``parallel``: the two-GPU units too, last (each needs its one-GPU unit done first)."""
     units = [Unit("negative", "negative", {
         "path": str(ckpt / NEGATIVE[0] / FORMATS[NEGATIVE[1]][0]), "model": NEGATIVE[0],
         "format": NEGATIVE[1], "dtype": "bfloat16", "pin_tree": pin_tree})]  # fmt: skip
@@ -227,7 +256,68 @@ def plan_units(ckpt: Path, settings: Mapping[str, Any], pin_tree: str | None) ->
             units.append(Unit(f"speed/{model}/{variant}", "speed", {
                 "model": model, "variant": variant, "dtype": "bfloat16",
                 "path": str(ckpt / model / variant)}))  # fmt: skip
+    if parallel:
+        units += plan_parallel(ckpt)
     return units
+
+
+def plan_parallel(ckpt: Path) -> list[Unit]:
+    """The two-GPU units: each bf16 NVFP4 checkpoint of the trained models with tp_size=2 (the
+    MoE also with ep_size=2), then dense-large's NVFP4 checkpoints decoding with tp_size=2.
+    ``after`` names the one-GPU unit whose recorded results a unit is compared with."""
+    dtype = report_mod.E2E_PARALLEL_DTYPE
+    units = []
+    for model, tp, ep in report_mod.E2E_PARALLEL_RUNS:
+        layout = next(k for k, v in PARALLEL_LAYOUTS.items() if v == (tp, ep))
+        for fmt, (nv, ref) in FORMATS.items():
+            units.append(Unit(f"parallel/{fmt}/{model}/{layout}", "parallel", {
+                "measure": "accuracy", "model": model, "format": fmt, "dtype": dtype,
+                "tp_size": tp, "ep_size": ep, "nvfp4": str(ckpt / model / nv),
+                "reference": str(ckpt / model / ref),
+                "after": f"case/{model}/{fmt}/{dtype}"}))  # fmt: skip
+    model, tp = report_mod.E2E_PARALLEL_SPEED_MODEL, report_mod.E2E_PARALLEL_SPEED_TP
+    layout = next(k for k, v in PARALLEL_LAYOUTS.items() if v == (tp, 1))
+    for fmt, (nv, _fp8) in LARGE_FORMATS.items():
+        units.append(Unit(f"parallel/{fmt}/{model}/{layout}", "parallel", {
+            "measure": "speed", "model": model, "format": fmt, "variant": nv,
+            "dtype": "bfloat16", "tp_size": tp, "ep_size": 1, "path": str(ckpt / model / nv),
+            "batches": list(report_mod.E2E_PARALLEL_DECODE_BATCHES),
+            "after": f"speed/{model}/{nv}"}))  # fmt: skip
+    return units
+
+
+def with_dependencies(todo: Sequence[Unit], planned: Sequence[Unit], done: set[str]) -> list[Unit]:
+    """``todo`` plus the one-GPU units its parallel units compare with that are neither done
+    nor chosen, in plan order (``--only parallel`` on a host without the one-GPU results)."""
+    chosen = {u.id for u in todo}
+    need = {u.spec["after"] for u in todo if u.spec.get("after")} - done - chosen
+    return [u for u in planned if u.id in chosen or u.id in need]
+
+
+def worker_env(env: Mapping[str, str]) -> dict[str, str]:
+    """The environment of a worker: ``env`` with NVLink multicast off, whatever it said."""
+    return {**env, **NO_MULTICAST_ENV}
+
+
+def gpu_count() -> int:
+    """``torch.cuda.device_count()`` of this host, asked in a child process (this one never
+    initialises CUDA before it starts the workers); 0 when torch cannot say."""
+    code = "import torch; print(torch.cuda.device_count())"
+    try:
+        proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                              timeout=300)  # fmt: skip
+        return int(proc.stdout.strip().splitlines()[-1]) if proc.returncode == 0 else 0
+    except (OSError, ValueError, IndexError, subprocess.TimeoutExpired):
+        return 0
+
+
+def parallel_refusal(gpus: int) -> str:
+    return (
+        f"--parallel: this host has {gpus} CUDA GPU(s) (torch.cuda.device_count()); the "
+        f"parallel units (tp_size=2, ep_size=2) need {PARALLEL_GPUS}. Run them on a CUDA host "
+        f"with {PARALLEL_GPUS} GPUs (serve/gpu-host.sh --parallel), or leave --parallel out; "
+        "--gpus N states the count where torch does not see it"
+    )
 
 
 def select_units(units: Sequence[Unit], only: str | None) -> list[Unit]:
@@ -659,6 +749,62 @@ def large_rows(
     return speed, memory
 
 
+def assemble_parallel(unit: Mapping[str, Any]) -> dict[str, Any]:
+    """A ``parallel`` record from a two-GPU accuracy unit: its perplexity and top-1 ids beside
+    the one-GPU NVFP4 run's, which the unit copied from that case unit's record."""
+    spec, data = unit.get("spec", {}), unit.get("data") or {}
+    tp1 = data.get("tp1") or {}
+    ppl_nv, n_nv = perplexity(data.get("ppl_parts") or [])
+    ppl_tp1, n_tp1 = perplexity(tp1.get("ppl_parts") or [])
+    top1, n_agree = _agree(tp1.get("top1"), data.get("top1"))
+    rec = {
+        "format": spec.get("format"),
+        "model": spec.get("model"),
+        "dtype": spec.get("dtype"),
+        "tp_size": spec.get("tp_size"),
+        "ep_size": spec.get("ep_size"),
+        "ppl_nvfp4": _round(ppl_nv),
+        "ppl_tp1": _round(ppl_tp1),
+        "ppl_rel_diff": _round(ppl_nv / ppl_tp1 - 1.0) if ppl_nv and ppl_tp1 else None,
+        "top1_agreement": _round(top1),
+        "tokens_scored": min(n_nv, n_tp1) if n_nv and n_tp1 else (n_nv or n_tp1 or None),
+        "agreement_tokens": n_agree or None,
+        "compared_with": spec.get("after"),
+        "marlin_log": data.get("marlin_log") or [],
+        "engine_start_s": data.get("start_s"),
+        "weight_gib": (data.get("memory") or {}).get("weight_gib"),
+        "checkpoint": spec.get("nvfp4"),
+        "status": unit.get("status"),
+    }
+    if unit.get("status") != "done":
+        rec["error"] = unit.get("error") or f"unit {unit.get('status')}"
+    return rec
+
+
+def parallel_speed_rows(unit: Mapping[str, Any]) -> list[dict[str, Any]]:
+    """``parallel_speed``: decode rates of a two-GPU speed unit beside its one-GPU unit's."""
+    spec, data = unit.get("spec", {}), unit.get("data") or {}
+    mine = (data.get("speed") or {}).get("decode") or {}
+    theirs = (data.get("tp1") or {}).get("decode") or {}
+    rows = []
+    for batch in spec.get("batches") or []:
+        row: dict[str, Any] = {
+            "format": spec.get("format"), "model": spec.get("model"),
+            "variant": spec.get("variant"), "dtype": spec.get("dtype"),
+            "tp_size": spec.get("tp_size"), "kind": "decode", "batch": batch}  # fmt: skip
+        for prefix, runs in (("", mine), ("tp1_", theirs)):
+            m = runs.get(str(batch))
+            rate = decode_rate(batch, m["new_tokens"], m["full"], m["one"]) if m else {}
+            row[f"{prefix}tok_s"] = _round(rate.get("tok_s"), 1)
+            row[f"{prefix}ms_per_token"] = _round(rate.get("ms_per_token"), 4)
+            if m:
+                row["prompt_tokens"], row["new_tokens"] = m["prompt_tokens"], m["new_tokens"]
+        row["over_tp1"] = _ratio(row["tok_s"], row["tp1_tok_s"])
+        row["status"] = unit.get("status")
+        rows.append(row)
+    return rows
+
+
 def read_train_ppl(folder: str | Path) -> float | None:
     """The bf16 model's held-out perplexity by transformers (make_checkpoints' train.json)."""
     try:
@@ -678,6 +824,8 @@ def assemble_report(
 ) -> dict[str, Any]:
     """e2e.json from the unit records (the checker's shape: fp4series.report.check_e2e)."""
     cases, unquantized, speed, memory = [], [], [], []
+    parallel: list[dict[str, Any]] = []
+    parallel_speed: list[dict[str, Any]] = []
     report: dict[str, Any] = dict(meta)
     cmds = list(commands)
     for unit in planned:
@@ -705,6 +853,11 @@ def assemble_report(
                 report[key]["ok"] = False
         elif unit.kind == "speed":
             pass  # assembled below, per model x format (large_rows)
+        elif unit.kind == "parallel":
+            if unit.spec.get("measure") == "speed":
+                parallel_speed += parallel_speed_rows(rec)
+            else:
+                parallel.append(assemble_parallel(rec))
         elif unit.kind == "negative":
             report["negative_control"] = {**data, "status": rec.get("status"),
                                           "error": rec.get("error")}  # fmt: skip
@@ -734,6 +887,10 @@ def assemble_report(
             for u in planned
         },  # fmt: skip
     )
+    if any(u.kind == "parallel" for u in planned):  # absent otherwise: pending, not failed
+        report["gates"].update(parallel_ppl_rel=report_mod.E2E_PARALLEL_PPL_REL,
+                               parallel_top1_min=report_mod.E2E_PARALLEL_TOP1_MIN)  # fmt: skip
+        report.update(parallel=parallel, parallel_speed=parallel_speed)
     return report
 
 
@@ -844,6 +1001,30 @@ def render_markdown(report: Mapping[str, Any]) -> str:
             for k in ("nvfp4", "reference", "fp8")
         ]
         out.append(f"| {m.get('format')} | {m.get('model')} | " + " | ".join(cells) + " |")
+    if report.get("parallel") is not None:
+        out += ["", "## Two GPUs: tensor and expert parallel, against the one-GPU NVFP4 run "
+                f"(gates: perplexity within {_fmt(gates.get('parallel_ppl_rel'), '.1%')}, "
+                f"top-1 agreement >= {_fmt(gates.get('parallel_top1_min'), '.0%')})", "",
+                "| format | model | dtype | tp | ep | ppl NVFP4 | ppl one GPU | diff | top-1 "
+                "agreement | tokens (ppl / top-1) | status |",
+                "|---|---|---|---|---|---|---|---|---|---|---|"]  # fmt: skip
+        for r in report["parallel"]:
+            out.append(
+                f"| {r.get('format')} | {r.get('model')} | {r.get('dtype')} | "
+                f"{r.get('tp_size')} | {r.get('ep_size')} | {_fmt(r.get('ppl_nvfp4'))} | "
+                f"{_fmt(r.get('ppl_tp1'))} | {_fmt(r.get('ppl_rel_diff'), '+.3%')} | "
+                f"{_fmt(r.get('top1_agreement'), '.4f')} | {_fmt(r.get('tokens_scored'))} / "
+                f"{_fmt(r.get('agreement_tokens'))} | {r.get('status')} |"
+            )
+        out += ["", "Decode (tok/s), one GPU and two:", "",
+                "| format | model | checkpoint | batch | tp 1 | tp 2 | tp 2 / tp 1 |",
+                "|---|---|---|---|---|---|---|"]  # fmt: skip
+        for r in report.get("parallel_speed") or []:
+            out.append(
+                f"| {r.get('format')} | {r.get('model')} | {r.get('variant')} | "
+                f"{r.get('batch')} | {_fmt(r.get('tp1_tok_s'), '.0f')} | "
+                f"{_fmt(r.get('tok_s'), '.0f')} | {_fmt(r.get('over_tp1'), '.2f')} |"
+            )
     out += ["", "## Server and negative control", ""]
     for key, what in (("http", "launch_server, auto backend"),
                       ("http_marlin", "launch_server, --fp4-gemm-backend marlin")):  # fmt: skip
@@ -1075,14 +1256,56 @@ class Runner:
         prev = self.records.get(unit.id)
         if prev and prev.get("data"):
             job["previous"] = prev["data"]  # finished sessions of a case are kept
-        if unit.kind in ("case", "unquantized", "speed"):
+        if unit.kind in ("case", "unquantized", "speed", "parallel"):
             if self.tokens is None:
                 self.tokens = self.load_tokens()
             job["tokens"] = self.tokens
         if unit.kind == "negative":
             pin = unit.spec.get("pin_tree") or ""
-            job["pin_env"] = pin_env(os.environ, pin, str(self.work / "cache-pin"))
+            job["pin_env"] = pin_env(worker_env(os.environ), pin, str(self.work / "cache-pin"))
+        if unit.kind == "parallel":
+            job["tp1"] = self.tp1_results(unit)
         return job
+
+    def tp1_results(self, unit: Unit) -> dict[str, Any]:
+        """What a two-GPU unit is compared with, from its one-GPU unit's record: the NVFP4
+        session's perplexity parts and top-1 ids and the reference's greedy text they were
+        scored on (accuracy), or the decode timings (speed)."""
+        after = unit.spec["after"]
+        data = (self.records.get(after) or {}).get("data") or {}
+        if unit.spec.get("measure") == "speed":
+            return {"unit": after, "decode": (data.get("speed") or {}).get("decode")}
+        nv, ref = data.get("nvfp4") or {}, data.get("reference") or {}
+        return {"unit": after, "ppl_parts": nv.get("ppl_parts"), "top1": nv.get("top1"),
+                "greedy": ref.get("greedy")}  # fmt: skip
+
+    def blocked(self, unit: Unit, pending: Sequence[Unit]) -> str | None:
+        """None: ``unit`` can start; "wait": its one-GPU unit is still to run, or (a parallel
+        unit) any one-GPU unit is; else why it cannot run at all. A tensor-parallel engine
+        refuses to start when its GPUs' free memory differs by more than 10 % (the pin's
+        SGLANG_ENABLE_TP_MEMORY_INBALANCE_CHECK, on by default), and one-GPU engines occupy
+        GPU 0 only: the parallel units run after them, among themselves."""
+        after = unit.spec.get("after")
+        if after and (self.records.get(after) or {}).get("status") != "done":
+            if after in self.running or any(u.id == after for u in pending):
+                return "wait"
+            status = (self.records.get(after) or {}).get("status") or "not run"
+            return f"needs the one-GPU unit {after}, which is {status}"
+        if unit.kind == "parallel" and (
+            any(r.unit.kind != "parallel" for r in self.running.values())
+            or any(u.kind != "parallel" for u in pending)
+        ):
+            return "wait"
+        return None
+
+    def skip(self, unit: Unit, why: str) -> None:
+        """A unit that cannot start: recorded as failed with the reason, no worker."""
+        rec = {"id": unit.id, "kind": unit.kind, "spec": unit.spec, "status": "failed",
+               "hash": unit_hash(unit, self.settings), "data": {}, "error": why,
+               "seconds": 0.0}  # fmt: skip
+        self.records[unit.id] = rec
+        write_json(self.record_path(unit), rec)
+        log(f"{unit.id}: failed ({why})")
 
     def load_tokens(self) -> dict[str, Any]:
         cache = self.work / "tokens.json"
@@ -1116,6 +1339,7 @@ class Runner:
             fh.write(f"\n===== {time.strftime('%H:%M:%S')} {unit.id}\n".encode())
             proc = subprocess.Popen([*WORKER, str(job_path)], cwd=ROOT, stdout=fh,
                                     stderr=subprocess.STDOUT, start_new_session=True,
+                                    env=worker_env(os.environ),
                                     preexec_fn=_pdeathsig)  # fmt: skip
         run = Running(unit, proc, self.record_path(unit), log_path, time.time())
         run.seen = log_path.stat().st_size
@@ -1177,7 +1401,15 @@ class Runner:
                 break
             while (pending and len(self.running) < self.args.workers
                    and now < self.deadline - self.args.launch_margin):  # fmt: skip
-                self.launch(pending.pop(0))
+                unit = next((u for u in pending if self.blocked(u, pending) != "wait"), None)
+                if unit is None:  # every one left waits for a one-GPU unit still running
+                    break
+                pending.remove(unit)
+                why = self.blocked(unit, pending)
+                if why:
+                    self.skip(unit, why)
+                else:
+                    self.launch(unit)
             if pending and not self.running and now >= self.deadline - self.args.launch_margin:
                 self.stop_reason = "deadline: too little time left to start another unit"
                 break
@@ -1244,7 +1476,18 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
                    help="unit records, jobs, logs, locks (kept: a rerun resumes)")  # fmt: skip
     p.add_argument("--fresh", action="store_true", help="forget the results kept in --work")
     p.add_argument("--only", help="comma list of unit ids / fnmatch patterns / prefixes "
-                   "(negative, case, case/moe, case/*/modelopt/*, unquantized, http)")  # fmt: skip
+                   "(negative, case, case/moe, case/*/modelopt/*, unquantized, http, speed, "
+                   "parallel)")  # fmt: skip
+    p.add_argument(
+        "--parallel",
+        action="store_true",
+        help=f"also the units on {PARALLEL_GPUS} GPUs (tp_size=2; the MoE also ep_size=2), each "
+        "compared with its one-GPU unit (run first when not done); refused on a host with "
+        f"fewer than {PARALLEL_GPUS} GPUs",
+    )
+    p.add_argument("--gpus", type=int, metavar="N",
+                   help="the host's GPU count for --parallel (default: "
+                   "torch.cuda.device_count())")  # fmt: skip
     p.add_argument(
         "--pin",
         type=Path,
@@ -1331,32 +1574,50 @@ def main(argv: list[str] | None = None) -> int:
         pin_tree = resolve_pin(args.pin, args.work)
     except SystemExit as exc:
         pin_problem = str(exc)
-    planned = plan_units(args.checkpoints, settings, pin_tree)
+    gpus, parallel_note = None, "not asked for (--parallel)"
+    if args.parallel:
+        gpus = args.gpus if args.gpus is not None else gpu_count()
+        parallel_note = (
+            f"planned ({gpus} GPUs)" if gpus >= PARALLEL_GPUS else parallel_refusal(gpus)
+        )
+        if gpus < PARALLEL_GPUS and args.command == "run":
+            raise SystemExit(parallel_note)
+    with_parallel = args.parallel and (gpus or 0) >= PARALLEL_GPUS
+    planned = plan_units(args.checkpoints, settings, pin_tree, parallel=with_parallel)
     try:
         todo = select_units(planned, args.only)
     except ValueError as exc:
-        raise SystemExit(str(exc)) from None
+        hint = "" if with_parallel or "parallel" not in (args.only or "") else (
+            f"; the parallel units: {parallel_note}")  # fmt: skip
+        raise SystemExit(f"{exc}{hint}") from None
     recorded = os.environ.get("FP4SERIES_REPORT_COMMAND") or shlex.join(["serve/e2e.py", *argv])
     meta = report_mod.run_metadata(recorded, device=device_name())
     runner = Runner(args, settings, planned, meta, [recorded], versions())
     runner.load_records()
-    todo = [u for u in todo if (runner.records.get(u.id) or {}).get("status") != "done"]
+    done = {uid for uid, rec in runner.records.items() if rec.get("status") == "done"}
+    chosen = [u for u in todo if u.id not in done]
+    todo = with_dependencies(chosen, planned, done)
+    added = [u.id for u in todo if u not in chosen]
+    if added and args.command == "run":
+        log(f"also running {', '.join(added)}: the one-GPU units the parallel units compare with")
     missing = sorted({str(Path(f)) for u in todo for k in ("path", "nvfp4", "reference")
                       if (f := u.spec.get(k)) and not Path(f).is_dir()})  # fmt: skip
     if pin_problem and any(u.kind == "negative" for u in todo) and args.command == "run":
         raise SystemExit(pin_problem)
     if args.command == "plan":
         print(json.dumps({"settings": settings, "pin_tree": pin_tree or pin_problem,
+                          "parallel": parallel_note,
                           "units": [u.id for u in planned], "to_run": [u.id for u in todo],
                           "missing_checkpoints": missing,
-                          "engine_kwargs_example": engine_kwargs(settings, "MODEL", "bfloat16")},
-                         indent=1))  # fmt: skip
+                          "engine_kwargs_example": engine_kwargs(settings, "MODEL", "bfloat16"),
+                          "worker_env": NO_MULTICAST_ENV}, indent=1))  # fmt: skip
         return 0
     if missing:
         raise SystemExit(f"checkpoints missing (serve/make_checkpoints.py): {missing}")
     log(
         f"{len(todo)} of {len(planned)} units to run, {args.workers} at a time; attention "
-        f"backend {settings['attention_backend'] or 'the engine default'}; report in {args.out}"
+        f"backend {settings['attention_backend'] or 'the engine default'}; parallel units "
+        f"{parallel_note}; report in {args.out}"
     )
 
     def on_signal(signum: int, _frame: Any) -> None:

@@ -4,13 +4,15 @@
 ``python serve/e2e_engine.py --probe-pin KWARGS_JSON`` (the negative control's child, run with
 the bare pin on PYTHONPATH). Everything that imports SGLang or the ``openai`` client is here;
 the arithmetic (perplexity, agreement, rates, memory parsing) is serve/e2e.py's, CPU-tested.
+NVLink multicast is switched off in this process's environment before SGLang is imported, so
+every process the engine or a server starts inherits it (``e2e.NO_MULTICAST_ENV``).
 
 API of the pin (v0.5.11) used: ``sglang.srt.entrypoints.engine.Engine(**ServerArgs fields)``,
 ``Engine.generate(input_ids=, sampling_params=, return_logprob=, logprob_start_len=,
 top_logprobs_num=)`` (a list of dicts with ``output_ids`` and ``meta_info`` holding
 ``input_token_logprobs`` / ``input_top_logprobs``, entry 0 None), ``Engine.flush_cache()``,
 ``Engine.get_server_info()``, ``Engine.shutdown()``; ``python -m sglang.launch_server`` and its
-``/v1/models`` and ``/v1/completions``.
+``/v1/models`` and ``/v1/completions``; on two GPUs the ServerArgs ``tp_size`` and ``ep_size``.
 """
 
 from __future__ import annotations
@@ -70,7 +72,10 @@ class Session:
     """One ``sglang.Engine`` for one checkpoint, started under the gate's ``starting`` lock."""
 
     def __init__(self, job: dict[str, Any], path: str, gate: e2e.Gate) -> None:
-        self.kwargs = e2e.engine_kwargs(job["settings"], path, job["spec"]["dtype"])
+        spec = job["spec"]
+        self.kwargs = e2e.engine_kwargs(job["settings"], path, spec["dtype"],
+                                        tp_size=spec.get("tp_size", 1),
+                                        ep_size=spec.get("ep_size", 1))  # fmt: skip
         self.gate, self.log = gate, Path(job["log"])
         self.engine: Any = None
 
@@ -259,6 +264,50 @@ def run_speed(job: dict[str, Any], rec: Record) -> None:
         rec.data["marlin_log"] = e2e.marlin_evidence(sess.log_text())
 
 
+def run_parallel(job: dict[str, Any], rec: Record) -> None:
+    """One NVFP4 checkpoint on two GPUs (``tp_size``, ``ep_size`` from the spec), measured as its
+    one-GPU unit was: accuracy units score the same held-out windows and the same reference
+    continuations; the speed unit decodes at the spec's batches. The one-GPU numbers it is
+    compared with (``job["tp1"]``) are copied into the record, so a row never mixes runs."""
+    spec, s, tokens = job["spec"], job["settings"], job["tokens"]
+    tp1 = job.get("tp1") or {}
+    speed = spec["measure"] == "speed"
+    need = ("decode",) if speed else ("ppl_parts", "top1", "greedy")
+    lacking = [k for k in need if not tp1.get(k)]
+    if lacking:
+        raise ValueError(
+            f"no one-GPU results to compare with: {spec['after']} has no {', '.join(lacking)} "
+            f"(run it first: serve/e2e.py --only {spec['after']})"
+        )
+    path = spec.get("nvfp4") or spec["path"]
+    if not Path(path, "config.json").is_file():
+        raise FileNotFoundError(f"{path}: no checkpoint (serve/make_checkpoints.py)")
+    gate, d = e2e.Gate(Path(job["locks"])), rec.data
+    d.update(tp_size=spec["tp_size"], ep_size=spec["ep_size"], compared_with=spec["after"])
+    with Session(job, path, gate) as sess:
+        d["start_s"] = sess.start_s
+        if speed:
+            d["memory"] = sess.memory()
+            rec.save()
+            with gate.quiet():
+                d["speed"] = {"decode": sess._decode(tokens, s, list(spec["batches"]))}
+            d["tp1"] = {"decode": {str(b): tp1["decode"].get(str(b)) for b in spec["batches"]}}
+        else:
+            seqs = [p + g for p, g in zip(tokens["prompts"], tp1["greedy"], strict=True)]
+            with gate.working():
+                d["ppl_parts"] = sess.ppl_parts(tokens["ppl"])
+                d["memory"] = sess.memory()
+                rec.save()
+                d["top1"] = sess.top1(seqs, s["prompt_tokens"])
+            d["tp1"] = {"ppl_parts": tp1["ppl_parts"], "top1": tp1["top1"]}
+            ppl = e2e.perplexity(d["ppl_parts"])[0]
+            agree = e2e.agreement(tp1["top1"], d["top1"])[0]
+            say(f"tp {spec['tp_size']} ep {spec['ep_size']}: perplexity {ppl} (one GPU "
+                f"{e2e.perplexity(tp1['ppl_parts'])[0]}), top-1 agreement {agree}")  # fmt: skip
+        rec.save()
+        d["marlin_log"] = e2e.marlin_evidence(sess.log_text())
+
+
 def free_port(start: int | None = None) -> int:
     """A --port whose derived ports are free and in range (a random --port can derive a
     gRPC port above 65535, which SGLang refuses at start)."""
@@ -381,10 +430,11 @@ def probe_pin(kwargs: dict[str, Any]) -> int:
 
 
 RUNNERS = {"case": run_case, "unquantized": run_unquantized, "http": run_http,
-           "negative": run_negative, "speed": run_speed}  # fmt: skip
+           "negative": run_negative, "speed": run_speed, "parallel": run_parallel}  # fmt: skip
 
 
 def main(argv: list[str]) -> int:
+    os.environ.update(e2e.NO_MULTICAST_ENV)  # before SGLang starts any process
     if len(argv) == 2 and argv[0] == "--probe-pin":
         return probe_pin(json.loads(argv[1]))
     if len(argv) != 1:

@@ -12,23 +12,40 @@
 #   4. makes the checkpoints (serve/make_checkpoints.py: the three trained models, then the
 #      speed models dense-large and moe-large with their FP8 twins), in the background
 #   5. the GPU numerics of fused shards (stage fused_shards), then the e2e stage (serve/e2e.py)
-#      until --deadline; e2e.json / e2e.md / numerics.json land in --out.
-#   serve/gpu-host.sh [--deadline SECONDS] [--out DIR] [--prepare-only]
+#      until --deadline: the gated units while the speed models are made, then the rest;
+#      e2e.json / e2e.md / numerics.json land in --out.
+# --parallel (a host with 2 GPUs): the e2e stage also serves the checkpoints across both GPUs
+# (serve/e2e.py --parallel: tp 2, and ep 2 for the MoE); refused up front on fewer GPUs.
+# NVLink multicast stays off in everything this starts.
+#   serve/gpu-host.sh [--deadline SECONDS] [--out DIR] [--prepare-only] [--parallel]
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
-DEADLINE=0 OUT_DIR=.work/gpu-host-out PREPARE_ONLY=0
+DEADLINE=0 OUT_DIR=.work/gpu-host-out PREPARE_ONLY=0 PARALLEL=0
 while [ $# -gt 0 ]; do
   case "$1" in
     --deadline) DEADLINE="$2"; shift 2 ;;
     --out) OUT_DIR="$2"; shift 2 ;;
     --prepare-only) PREPARE_ONLY=1; shift ;;
-    -h|--help) sed -n '2,19p' "$0"; exit 0 ;;
+    --parallel) PARALLEL=1; shift ;;
+    -h|--help) sed -n '2,20p' "$0"; exit 0 ;;
     *) echo "error: unknown option $1 (see --help)" >&2; exit 2 ;;
   esac
 done
 T0=$SECONDS
 step() { echo "==> [gpu-host +$((SECONDS - T0))s] $*"; }
 export PYTHONUNBUFFERED=1
+# NVLink multicast off for every process started from here (serve/e2e.py sets it for its
+# workers too): on a shared host it can take the GPUs down.
+export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
+if [ "$PARALLEL" = 1 ]; then
+  GPUS=$(python3 -c 'import torch; print(torch.cuda.device_count())' 2>/dev/null || echo 0)
+  if [ "$GPUS" -lt 2 ]; then
+    echo "error: --parallel needs a CUDA host with 2 GPUs; torch.cuda.device_count() is $GPUS" \
+      "here (leave --parallel out for the one-GPU run)" >&2
+    exit 2
+  fi
+  export FP4SERIES_E2E_ARGS="${FP4SERIES_E2E_ARGS:-} --parallel"
+fi
 SITE=$PWD/.work/gpu-site
 mkdir -p "$OUT_DIR" .work/logs
 
@@ -84,10 +101,22 @@ if [ ! -f "$OUT_DIR/fused_shards/numerics.json" ]; then
   step "stage fused_shards"
   scripts/gpu-proof.sh --stages fused_shards --deadline "$(left)" --out "$OUT_DIR/fused_shards" || true
 fi
-if [ ! -f "$CKPT/made-large" ]; then  # the gated units first; the speed units next time
+if [ ! -f "$CKPT/made-large" ]; then  # the gated units first, while the speed models are made
+  # (the parallel units wait too: the checkpoint maker uses GPU 0, and a tensor-parallel engine
+  # refuses GPUs whose free memory differs by more than 10 %)
   step "stage e2e without the speed models (their checkpoints are still being made)"
-  export FP4SERIES_E2E_ARGS="${FP4SERIES_E2E_ARGS:-} --only negative,case,unquantized,http"
-else
-  step "stage e2e (resumes what an earlier run finished)"
+  FP4SERIES_E2E_ARGS="${FP4SERIES_E2E_ARGS:-} --only negative,case,unquantized,http" \
+    scripts/gpu-proof.sh --stages e2e --deadline "$(left)" --out "$OUT_DIR" || true
+  while [ ! -f "$CKPT/made-large" ]; do
+    if pgrep -f serve/make_checkpoints.py >/dev/null; then
+      [ "$(left)" -lt 60 ] && { step "deadline: the speed models are still being made"; exit 3; }
+      sleep 5
+    else
+      step "speed-model checkpoints failed: tail of .work/logs/checkpoints.log"
+      tail -20 .work/logs/checkpoints.log
+      exit 1
+    fi
+  done
 fi
+step "stage e2e (resumes what an earlier run finished)"
 scripts/gpu-proof.sh --stages e2e --deadline "$(left)" --out "$OUT_DIR"

@@ -2,7 +2,10 @@
 
 ``python _e2e_fake.py JOB`` writes the record serve/e2e.py expects; ``$FAKE_E2E_MODE``:
 ``ok`` (default), ``crash:UNIT`` (that unit exits 3 mid-way, its record left 'running'),
-``sleep`` (every case unit sleeps until killed). Each start is appended to ``$FAKE_E2E_STARTS``.
+``sleep`` (every case unit sleeps until killed), ``drift`` / ``flips`` (the two-GPU units'
+perplexity 0.5 % off the one-GPU run's / 5 % of their top-1 ids changed); the unit
+``$FAKE_E2E_SLOW`` takes 3 s more. Each start is appended to ``$FAKE_E2E_STARTS``, each start
+and end to ``$FAKE_E2E_EVENTS``; every record holds the NVLink multicast variables it saw.
 """
 
 from __future__ import annotations
@@ -54,6 +57,42 @@ def session(settings: dict[str, Any], nvfp4: bool, speed: bool, flips: int) -> d
     return d
 
 
+PARALLEL_MODES = {  # mode -> (perplexity ratio to one GPU, top-1 ids changed per 1000)
+    "ok": (1.0003, 1),
+    "drift": (1.005, 1),
+    "flips": (1.0003, 50),
+}
+
+
+def parallel_data(
+    spec: dict[str, Any], settings: dict[str, Any], tp1: dict[str, Any] | None, mode: str = "ok"
+) -> dict[str, Any]:
+    """A two-GPU unit's data from the one-GPU results it was given (``tp1``: the job's); a
+    stand-in for them when there is no job (report tests)."""
+    if spec["measure"] == "speed":
+        base = tp1 or {"decode": unit_data("speed", {"variant": spec["variant"]},
+                                           settings)["speed"]["decode"]}  # fmt: skip
+        decode = {str(b): {"full": [0.7 * (1 + b / 64)] * 3, "one": [0.05] * 3,
+                           "new_tokens": settings["speed_new_tokens"],
+                           "prompt_tokens": settings["speed_prompt_tokens"]}
+                  for b in spec["batches"]}  # fmt: skip
+        return {"tp_size": spec["tp_size"], "ep_size": spec["ep_size"], "start_s": 60.0,
+                "memory": {"weight_gib": 0.5}, "speed": {"decode": decode},
+                "tp1": {"decode": {str(b): base["decode"].get(str(b))
+                                   for b in spec["batches"]}}}  # fmt: skip
+    base = tp1 or session(settings, True, False, 2)
+    ratio, per_mille = PARALLEL_MODES[mode]
+    parts = [[nll + math.log(ratio) * n, n] for nll, n in base["ppl_parts"]]
+    top1 = [list(row) for row in base["top1"]]
+    flat = [(i, j) for i in range(len(top1)) for j in range(len(top1[i]))]
+    for i, j in flat[:: max(1, 1000 // per_mille)]:
+        top1[i][j] = -2
+    return {"tp_size": spec["tp_size"], "ep_size": spec["ep_size"], "start_s": 70.0,
+            "ppl_parts": parts, "top1": top1, "memory": {"weight_gib": 0.03},
+            "marlin_log": ["... through FP4 Marlin (activations are not quantized)."],
+            "tp1": {"ppl_parts": base["ppl_parts"], "top1": base["top1"]}}  # fmt: skip
+
+
 def unit_data(kind: str, spec: dict[str, Any], settings: dict[str, Any], flips: int = 0) -> dict:
     if kind == "case":
         return {
@@ -75,6 +114,8 @@ def unit_data(kind: str, spec: dict[str, Any], settings: dict[str, Any], flips: 
                             for t in settings["large_prefill_tokens"]},
             },
         }  # fmt: skip
+    if kind == "parallel":
+        return parallel_data(spec, settings, None)
     if kind == "unquantized":
         count = settings["ppl_window_tokens"] - 1
         return {"ppl_parts": [[1.9 * count, count]] * settings["ppl_windows"],
@@ -91,9 +132,23 @@ def unit_data(kind: str, spec: dict[str, Any], settings: dict[str, Any], flips: 
             "commands": ["PYTHONPATH=/pin:... python e2e_engine.py --probe-pin {}"]}  # fmt: skip
 
 
+def rank_env(path: str, rank: int) -> None:
+    """A stand-in engine rank (a spawned process, as SGLang's schedulers are): appends the
+    NVLink multicast variables it inherited to ``path``."""
+    env = {k: os.environ.get(k) for k in e2e.NO_MULTICAST_ENV}
+    with open(path, "a") as fh:
+        fh.write(json.dumps({"rank": rank, "env": env}) + "\n")
+
+
 def record(job: dict[str, Any], status: str, data: dict[str, Any]) -> dict[str, Any]:
     return {"id": job["id"], "kind": job["kind"], "spec": job["spec"], "hash": job["hash"],
             "status": status, "error": None, "data": data, "started": time.time()}  # fmt: skip
+
+
+def event(what: str, uid: str) -> None:
+    if os.environ.get("FAKE_E2E_EVENTS"):
+        with open(os.environ["FAKE_E2E_EVENTS"], "a") as fh:
+            fh.write(f"{what} {uid}\n")
 
 
 def main(argv: list[str]) -> int:
@@ -101,6 +156,7 @@ def main(argv: list[str]) -> int:
     if os.environ.get("FAKE_E2E_STARTS"):
         with open(os.environ["FAKE_E2E_STARTS"], "a") as fh:
             fh.write(job["id"] + "\n")
+    event("start", job["id"])
     mode = os.environ.get("FAKE_E2E_MODE", "ok")
     result = Path(job["result"])
     e2e.write_json(result, record(job, "running", {}))
@@ -111,10 +167,21 @@ def main(argv: list[str]) -> int:
     if mode == "sleep" and job["kind"] == "case":
         time.sleep(120)
     time.sleep(0.3)  # long enough for the runner to see the progress line
+    if os.environ.get("FAKE_E2E_SLOW") == job["id"]:
+        time.sleep(3)
     assert job["kind"] != "case" or len(job["tokens"]["ppl"]) == job["settings"]["ppl_windows"]
-    e2e.write_json(
-        result, record(job, "done", unit_data(job["kind"], job["spec"], job["settings"]))
-    )
+    if job["kind"] == "parallel":  # what the runner hands it: its one-GPU unit's results
+        tp1 = job["tp1"]
+        assert tp1["unit"] == job["spec"]["after"]
+        if job["spec"]["measure"] == "accuracy":
+            assert len(tp1["greedy"]) == len(tp1["top1"]) == job["settings"]["prompts"]
+        data = parallel_data(job["spec"], job["settings"], tp1, mode if mode in
+                             PARALLEL_MODES else "ok")  # fmt: skip
+    else:
+        data = unit_data(job["kind"], job["spec"], job["settings"])
+    data["env"] = {k: os.environ.get(k) for k in e2e.NO_MULTICAST_ENV}
+    e2e.write_json(result, record(job, "done", data))
+    event("end", job["id"])
     return 0
 
 

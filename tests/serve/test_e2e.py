@@ -169,6 +169,55 @@ def test_unit_hash_follows_settings_and_checkpoints(tmp_path: Path) -> None:
     assert e2e.unit_hash(unit, settings()) != first
 
 
+def test_parallel_units_are_planned_only_when_asked(tmp_path: Path) -> None:
+    s = settings()
+    one_gpu = e2e.plan_units(tmp_path, s, "/pin")
+    units = e2e.plan_units(tmp_path, s, "/pin", parallel=True)
+    assert [u.id for u in units[: len(one_gpu)]] == [u.id for u in one_gpu]  # unchanged, first
+    par = units[len(one_gpu) :]
+    assert all(u.kind == "parallel" for u in par) and len(par) == 10
+    acc = [u for u in par if u.spec["measure"] == "accuracy"]
+    assert {(u.spec["format"], u.spec["model"], u.spec["tp_size"], u.spec["ep_size"])
+            for u in acc} == {(f, m, tp, ep) for f in report.E2E_FORMATS
+                              for m, tp, ep in report.E2E_PARALLEL_RUNS}  # fmt: skip
+    moe_ep = next(u for u in acc if u.id == "parallel/modelopt/moe/ep2")
+    assert moe_ep.spec["after"] == "case/moe/modelopt/bfloat16"
+    assert moe_ep.spec["nvfp4"] == str(tmp_path / "moe" / "modelopt-nvfp4")
+    ids = {u.id for u in one_gpu}
+    assert all(u.spec["after"] in ids for u in par)  # each compares with a planned unit
+    fast = [u for u in par if u.spec["measure"] == "speed"]
+    assert [(u.id, u.spec["after"], u.spec["batches"]) for u in fast] == [
+        ("parallel/modelopt/dense-large/tp2", "speed/dense-large/modelopt-nvfp4", [1, 32]),
+        ("parallel/compressed-tensors/dense-large/tp2", "speed/dense-large/ct-nvfp4", [1, 32]),
+    ]
+    assert [u.id for u in e2e.select_units(units, "parallel/*/moe/*")] == [
+        "parallel/compressed-tensors/moe/tp2", "parallel/modelopt/moe/tp2",
+        "parallel/compressed-tensors/moe/ep2", "parallel/modelopt/moe/ep2"]  # fmt: skip
+    # a chosen parallel unit brings its one-GPU unit along unless that is done
+    pick = e2e.select_units(units, "parallel/modelopt/moe/ep2,parallel/modelopt/dense-large")
+    todo = e2e.with_dependencies(pick, units, done={"case/moe/modelopt/bfloat16"})
+    assert [u.id for u in todo] == ["speed/dense-large/modelopt-nvfp4",
+                                    "parallel/modelopt/moe/ep2",
+                                    "parallel/modelopt/dense-large/tp2"]  # fmt: skip
+    # the engine's keywords: tp_size / ep_size only on two GPUs
+    kw = e2e.engine_kwargs(s, "/m", "bfloat16")
+    assert "tp_size" not in kw and "ep_size" not in kw
+    assert e2e.engine_kwargs(s, "/m", "bfloat16", tp_size=2, ep_size=2) == {
+        **kw, "tp_size": 2, "ep_size": 2}  # fmt: skip
+
+
+def test_workers_get_nvlink_multicast_off_whatever_the_host_says() -> None:
+    env = e2e.worker_env({"NCCL_NVLS_ENABLE": "1", "PATH": "/bin"})
+    assert env == {
+        "PATH": "/bin",
+        "NCCL_NVLS_ENABLE": "0",
+        "TORCH_SYMM_MEM_DISABLE_MULTICAST": "1",
+        "NVSHMEM_DISABLE_NVLS": "1",
+    }
+    pinned = e2e.pin_env(env, "/pin", "/cache")  # the bare pin's child keeps it too
+    assert all(pinned[k] == v for k, v in e2e.NO_MULTICAST_ENV.items())
+
+
 def test_gate_speed_runs_alone() -> None:
     import tempfile
 
@@ -216,8 +265,10 @@ def test_gate_speed_runs_alone() -> None:
 # --------------------------------------------------------------------------- report
 
 
-def full_records(s: dict[str, Any], ckpt: Path) -> tuple[list[e2e.Unit], dict[str, Any]]:
-    units = e2e.plan_units(ckpt, s, "/pin")
+def full_records(
+    s: dict[str, Any], ckpt: Path, parallel: bool = False
+) -> tuple[list[e2e.Unit], dict[str, Any]]:
+    units = e2e.plan_units(ckpt, s, "/pin", parallel=parallel)
     records = {u.id: {"id": u.id, "kind": u.kind, "spec": u.spec, "status": "done",
                       "seconds": 30.0, "data": _e2e_fake.unit_data(u.kind, u.spec, s, flips=2)}
                for u in units}  # fmt: skip
@@ -285,6 +336,49 @@ def test_partial_records_give_a_valid_incomplete_report(tmp_path: Path) -> None:
     text = "\n".join(problems)
     assert "speed_large compressed-tensors moe-large decode batch 1: fp8_tok_s missing" in text
     assert "no weight memory (nvfp4, bf16 and fp8) for compressed-tensors moe-large" in text
+
+
+def test_parallel_records_assembled_and_gated(tmp_path: Path) -> None:
+    s = settings()
+    units, records = full_records(s, tmp_path, parallel=True)
+    rep = json.loads(json.dumps(assemble(units, records, s)))
+    problems: list[str] = []
+    pending: list[str] = []
+    report.check_e2e(rep, problems, pending)
+    assert problems == [] and pending == [] and rep["complete"] is True
+    assert len(rep["parallel"]) == 8 and rep["gates"]["parallel_ppl_rel"] == 0.001
+    ep2 = next(r for r in rep["parallel"] if r["model"] == "moe" and r["ep_size"] == 2)
+    assert (ep2["tp_size"], ep2["dtype"], ep2["compared_with"]) == (
+        2, "bfloat16", "case/moe/compressed-tensors/bfloat16")  # fmt: skip
+    assert ep2["ppl_nvfp4"] / ep2["ppl_tp1"] == pytest.approx(1.0003, rel=1e-6)
+    assert ep2["top1_agreement"] == pytest.approx(1 - 2 / 1024)
+    assert ep2["agreement_tokens"] == 8 * 128 and ep2["tokens_scored"] == 4 * 511
+    fast = [(r["format"], r["batch"]) for r in rep["parallel_speed"]]
+    assert fast == [("modelopt", 1), ("modelopt", 32), ("compressed-tensors", 1),
+                    ("compressed-tensors", 32)]  # fmt: skip
+    row = rep["parallel_speed"][1]
+    assert row["tp1_tok_s"] == pytest.approx(32 * 15 / (0.5 * 1.5 - 0.05), rel=1e-3)
+    assert row["over_tp1"] == pytest.approx(row["tok_s"] / row["tp1_tok_s"], rel=1e-2)
+    md = e2e.render_markdown(rep)
+    assert "## Two GPUs" in md and "| modelopt | moe | bfloat16 | 2 | 2 |" in md
+    # the one-GPU report has no parallel part: pending, and its markdown has no such section
+    one = assemble(*full_records(s, tmp_path), s)
+    problems, pending = [], []
+    report.check_e2e(json.loads(json.dumps(one)), problems, pending)
+    assert problems == [] and "parallel" not in one and len(pending) == 1
+    assert "## Two GPUs" not in e2e.render_markdown(one)
+    # a failed two-GPU unit and a drifting one fail the check, with what happened
+    bad = "parallel/modelopt/dense/tp2"
+    records[bad].update(status="failed", error="RuntimeError: NCCL error\n--- log tail:\nx")
+    del records[bad]["data"]["top1"]
+    drift = records["parallel/compressed-tensors/moe/tp2"]["data"]
+    drift["ppl_parts"] = [[nll + 0.01 * n, n] for nll, n in drift["ppl_parts"]]
+    problems = []
+    report.check_e2e(json.loads(json.dumps(assemble(units, records, s))), problems)
+    text = "\n".join(problems)
+    assert "parallel modelopt dense bfloat16 tp 2 ep 1: failed: RuntimeError: NCCL error" in text
+    assert "parallel modelopt dense bfloat16 tp 2 ep 1: top1_agreement is None" in text
+    assert "compressed-tensors moe bfloat16 tp 2 ep 1: perplexity" in text and "(gate 0.1%)" in text
 
 
 # --------------------------------------------------------------------------- the runner
@@ -415,6 +509,213 @@ def test_plan_lists_units_and_missing_checkpoints(
                   "--pin", str(tmp_path), "--only", "negative"])  # fmt: skip
 
 
+def _records(work: Path) -> dict[str, dict[str, Any]]:
+    return {r["id"]: r for r in map(json.loads, map(Path.read_text,
+                                                    (work / "units").glob("*.json")))}  # fmt: skip
+
+
+def test_parallel_dry_run_with_a_stand_in_worker(
+    ckpt: Path, pin: Path, tmp_path: Path, fake_worker: Path, monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+) -> None:  # fmt: skip
+    monkeypatch.setenv("NCCL_NVLS_ENABLE", "1")  # the host's environment says otherwise
+    monkeypatch.delenv("NVSHMEM_DISABLE_NVLS", raising=False)
+    events = tmp_path / "events.txt"
+    monkeypatch.setenv("FAKE_E2E_EVENTS", str(events))
+    monkeypatch.setenv("FAKE_E2E_SLOW", "speed/dense-large/ct-nvfp4")  # the last one-GPU unit
+    # only the two-GPU units asked for: their one-GPU units come along, and run first
+    assert run_main(ckpt, pin, tmp_path, "--parallel", "--gpus", "2", "--only", "parallel") == 0
+    started = starts_of(fake_worker)
+    one_gpu = [f"case/{m}/{f}/bfloat16" for m in report.E2E_MODELS for f in report.E2E_FORMATS]
+    one_gpu += ["speed/dense-large/modelopt-nvfp4", "speed/dense-large/ct-nvfp4"]
+    assert sorted(started[:8]) == sorted(one_gpu) and len(started) == 18
+    assert "also running case/dense/compressed-tensors/bfloat16, " in capsys.readouterr().out
+    # no parallel unit starts before every one-GPU unit has ended, although most of them could
+    # (their own one-GPU unit done): a TP engine refuses GPUs whose free memory differs by more
+    # than 10 %, and one-GPU engines sit on GPU 0
+    lines = [ln.split() for ln in events.read_text().splitlines()]
+    first = next(i for i, (what, uid) in enumerate(lines) if uid.startswith("parallel/"))
+    ends = [i for i, (what, uid) in enumerate(lines) if what == "end" and "parallel/" not in uid]
+    assert len(ends) == 8 and max(ends) < first
+    recs = _records(tmp_path / "work")
+    for uid in started:  # NVLink multicast off in every worker, whatever the host said
+        assert recs[uid]["data"]["env"] == e2e.NO_MULTICAST_ENV, uid
+    # the worker got the one-GPU results (the stand-in asserts their shape); they are kept
+    ep2 = recs["parallel/modelopt/moe/ep2"]["data"]
+    case = recs["case/moe/modelopt/bfloat16"]["data"]["nvfp4"]
+    assert ep2["tp1"] == {"ppl_parts": case["ppl_parts"], "top1": case["top1"]}
+    rep = json.loads((tmp_path / "out" / "e2e.json").read_text())
+    assert len(rep["parallel"]) == 8 and len(rep["parallel_speed"]) == 4
+    problems = report.check_report_dir(tmp_path / "out")
+    assert [p for p in problems if p.startswith("e2e.json: parallel")] == []  # one GPU: partial
+    assert "## Two GPUs" in (tmp_path / "out" / "e2e.md").read_text()
+    # the rest of the run: every unit done, the whole report passes, nothing pending
+    assert run_main(ckpt, pin, tmp_path, "--parallel", "--gpus", "2", "--workers", "4") == 0
+    assert len(starts_of(fake_worker)) == 18 + 31 - 8
+    pending: list[str] = []
+    problems = report.check_report_dir(tmp_path / "out", pending=pending)
+    assert [p for p in problems if p.startswith("e2e.json")] == [] and pending == []
+    rep = json.loads((tmp_path / "out" / "e2e.json").read_text())
+    assert rep["complete"] is True and len(rep["units"]) == 41
+    # without --parallel the same records give the one-GPU report, its parallel part pending
+    assert run_main(ckpt, pin, tmp_path) == 0
+    assert len(starts_of(fake_worker)) == 41
+    pending = []
+    problems = report.check_report_dir(tmp_path / "out", pending=pending)
+    assert [p for p in problems if p.startswith("e2e.json")] == []
+    assert pending == [f"e2e.json: {report.E2E_PARALLEL_PENDING}"]
+
+
+@pytest.mark.parametrize(
+    ("mode", "expected"),
+    [
+        ("drift", "e2e.json: parallel modelopt dense bfloat16 tp 2 ep 1: perplexity "),
+        ("flips", "e2e.json: parallel compressed-tensors moe bfloat16 tp 2 ep 2: top-1 agreement "
+                  "with one GPU 0.949"),
+    ],
+)  # fmt: skip
+def test_parallel_dry_run_gates_bad_numbers(
+    ckpt: Path, pin: Path, tmp_path: Path, fake_worker: Path, monkeypatch: pytest.MonkeyPatch,
+    mode: str, expected: str,
+) -> None:  # fmt: skip
+    monkeypatch.setenv("FAKE_E2E_MODE", mode)
+    assert run_main(ckpt, pin, tmp_path, "--parallel", "--gpus", "2", "--only",
+                    "parallel/*/dense/*,parallel/*/moe/*") == 0  # fmt: skip
+    problems = [p for p in report.check_report_dir(tmp_path / "out")
+                if p.startswith("e2e.json: parallel")]  # fmt: skip
+    assert any(expected in p for p in problems), problems
+    gate = "(gate 0.1%)" if mode == "drift" else "< 0.99"
+    assert len([p for p in problems if gate in p]) == 6  # every unit run, nothing else
+    assert "**Check: " in (tmp_path / "out" / "e2e.md").read_text()
+
+
+def test_parallel_units_need_two_gpus(
+    ckpt: Path, pin: Path, tmp_path: Path, fake_worker: Path, monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+) -> None:  # fmt: skip
+    assert isinstance(e2e.gpu_count(), int)  # torch's own answer here (0 on a CPU machine)
+    with pytest.raises(SystemExit, match=r"this host has 1 CUDA GPU\(s\).*need 2.*a CUDA host "
+                       r"with 2 GPUs \(serve/gpu-host.sh --parallel\)"):  # fmt: skip
+        run_main(ckpt, pin, tmp_path, "--parallel", "--gpus", "1")
+    monkeypatch.setattr(e2e, "gpu_count", lambda: 0)  # what torch says on this host
+    with pytest.raises(SystemExit, match="this host has 0 CUDA GPU"):
+        run_main(ckpt, pin, tmp_path, "--parallel")
+    assert starts_of(fake_worker) == []  # refused before anything ran
+    with pytest.raises(SystemExit, match="selects no unit.*need 2"):
+        e2e.main(["plan", "--checkpoints", str(ckpt), "--work", str(tmp_path / "w"),
+                  "--pin", str(pin), "--parallel", "--only", "parallel"])  # fmt: skip
+    plan_args = ["plan", "--checkpoints", str(ckpt), "--work", str(tmp_path / "w"), "--pin",
+                 str(pin), "--parallel"]  # fmt: skip
+    assert e2e.main(plan_args) == 0
+    plan = json.loads(capsys.readouterr().out)
+    assert len(plan["units"]) == 31 and "this host has 0 CUDA GPU(s)" in plan["parallel"]
+    assert plan["worker_env"] == e2e.NO_MULTICAST_ENV
+    assert e2e.main([*plan_args, "--gpus", "2"]) == 0
+    plan = json.loads(capsys.readouterr().out)
+    assert len(plan["units"]) == 41 and plan["parallel"] == "planned (2 GPUs)"
+
+
+def test_gpu_host_parallel_option(tmp_path: Path) -> None:
+    """serve/gpu-host.sh --parallel: refused up front where torch sees fewer than 2 GPUs (this
+    machine), before it installs or writes anything; multicast off for all it starts."""
+    import subprocess
+
+    if e2e.gpu_count() >= 2:
+        pytest.skip("this host has 2 GPUs: --parallel would start the run")
+    script = e2e.ROOT / "serve" / "gpu-host.sh"
+    exports = [ln.split()[1:] for ln in script.read_text().splitlines()
+               if ln.startswith("export NCCL_NVLS_ENABLE=")]  # fmt: skip
+    assert [dict(a.split("=", 1) for a in line) for line in exports] == [e2e.NO_MULTICAST_ENV]
+    (tmp_path / "bin").mkdir()
+    (tmp_path / "bin" / "python3").symlink_to(sys.executable)
+    env = {**os.environ, "PATH": f"{tmp_path / 'bin'}{os.pathsep}{os.environ['PATH']}"}
+    out = tmp_path / "out"
+    proc = subprocess.run(["bash", str(script), "--parallel", "--out", str(out)], env=env,
+                          capture_output=True, text=True, timeout=120)  # fmt: skip
+    assert proc.returncode == 2, proc.stdout + proc.stderr
+    assert "--parallel needs a CUDA host with 2 GPUs; torch.cuda.device_count() is 0" in proc.stderr
+    assert not out.exists()
+    help_text = subprocess.run(["bash", str(script), "--help"], capture_output=True, text=True,
+                               timeout=30).stdout  # fmt: skip
+    assert "--parallel (a host with 2 GPUs)" in help_text and "set -e" not in help_text
+
+
+STUB_PYTHON = """#!/usr/bin/env bash
+# python3 of a stand-in 2-GPU host: torch counts 2 GPUs; the checkpoint maker of the speed
+# models ends once the first e2e pass has begun
+case "$*" in
+  *device_count*) echo 2 ;;
+  *serve/make_checkpoints.py*)
+    for _ in $(seq 600); do [ -f .work/calls.txt ] && exit; sleep 0.1; done ;;
+  *) echo "unexpected python3 $*" >&2; exit 9 ;;
+esac
+"""
+STUB_PROOF = """#!/usr/bin/env bash
+multicast="$NCCL_NVLS_ENABLE $TORCH_SYMM_MEM_DISABLE_MULTICAST $NVSHMEM_DISABLE_NVLS"
+echo "$FP4SERIES_E2E_ARGS|$multicast|$*" >> .work/calls.txt
+"""
+
+
+def test_gpu_host_parallel_flow_with_stand_ins(tmp_path: Path) -> None:
+    """serve/gpu-host.sh --parallel on a stand-in 2-GPU host whose speed-model checkpoints are
+    still being made: the gated one-GPU units first (no parallel unit beside the checkpoint
+    maker on GPU 0), then, once the checkpoints are there, the rest with --parallel; NVLink
+    multicast off in what it starts."""
+    import shutil
+    import subprocess
+
+    repo = tmp_path / "repo"
+    (repo / "serve").mkdir(parents=True)
+    shutil.copy(e2e.ROOT / "serve" / "gpu-host.sh", repo / "serve" / "gpu-host.sh")
+    proof = repo / "scripts" / "gpu-proof.sh"
+    proof.parent.mkdir()
+    proof.write_text(STUB_PROOF)
+    proof.chmod(0o755)
+    work = repo / ".work"
+    for f in ("gpu-site/.installed", "logs/builds.started", "checkpoints/full/made-trained",
+              "checkout/python/sglang/srt/layers/quantization/marlin_utils_fp4.py",
+              "revision.json", "gpu-host-out/fused_shards/numerics.json"):  # fmt: skip
+        (work / f).parent.mkdir(parents=True, exist_ok=True)
+        (work / f).write_text("{}")
+    (tmp_path / "bin").mkdir()
+    (tmp_path / "bin" / "python3").write_text(STUB_PYTHON)
+    (tmp_path / "bin" / "python3").chmod(0o755)
+    env = {**os.environ, "PATH": f"{tmp_path / 'bin'}{os.pathsep}{os.environ['PATH']}",
+           "NCCL_NVLS_ENABLE": "1"}  # fmt: skip
+    env.pop("FP4SERIES_E2E_ARGS", None)
+    proc = subprocess.run(["bash", str(repo / "serve" / "gpu-host.sh"), "--parallel"], env=env,
+                          capture_output=True, text=True, timeout=120)  # fmt: skip
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert (work / "checkpoints" / "full" / "made-large").is_file()
+    calls = [ln.split("|") for ln in (work / "calls.txt").read_text().splitlines()]
+    assert calls == [
+        [" --parallel --only negative,case,unquantized,http", "0 1 1",
+         "--stages e2e --deadline 100000 --out .work/gpu-host-out"],
+        [" --parallel", "0 1 1", "--stages e2e --deadline 100000 --out .work/gpu-host-out"],
+    ]  # fmt: skip
+
+
+def test_a_failed_one_gpu_unit_fails_its_parallel_units_without_a_worker(
+    ckpt: Path, pin: Path, tmp_path: Path, fake_worker: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("FAKE_E2E_MODE", "crash:case/moe/modelopt/bfloat16")
+    assert run_main(ckpt, pin, tmp_path, "--parallel", "--gpus", "2", "--only",
+                    "parallel/modelopt/moe") == 1  # fmt: skip
+    assert starts_of(fake_worker) == ["case/moe/modelopt/bfloat16"]
+    rep = json.loads((tmp_path / "out" / "e2e.json").read_text())
+    assert [(r["ep_size"], r["status"], r["error"]) for r in rep["parallel"]
+            if r["format"] == "modelopt" and r["model"] == "moe"] == [
+        (1, "failed", "needs the one-GPU unit case/moe/modelopt/bfloat16, which is failed"),
+        (2, "failed", "needs the one-GPU unit case/moe/modelopt/bfloat16, which is failed"),
+    ]  # fmt: skip
+    monkeypatch.setenv("FAKE_E2E_MODE", "ok")  # the next run redoes the case, then them
+    assert run_main(ckpt, pin, tmp_path, "--parallel", "--gpus", "2", "--only",
+                    "parallel/modelopt/moe") == 0  # fmt: skip
+    assert starts_of(fake_worker)[1:] == ["case/moe/modelopt/bfloat16",
+                                          "parallel/modelopt/moe/tp2",
+                                          "parallel/modelopt/moe/ep2"]  # fmt: skip
+
+
 def test_pin_wheel_is_checked_and_unpacked(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     import hashlib
     import zipfile
@@ -452,12 +753,26 @@ class FakeEngine:
 
     log: Path | None = None
     started: list[str] = []
+    server_args: list[dict[str, Any]] = []
+    rank_env: Path | None = None  # where the stand-in ranks write the environment they got
 
     def __init__(self, *, model_path: str, dtype: str, log_level: str, random_seed: int,
                  **server_args: Any) -> None:  # fmt: skip
         assert dtype in report.DTYPES and log_level == "info"
         self.nvfp4 = "nvfp4" in model_path
         self.started.append(Path(model_path).name)
+        self.server_args.append(server_args)
+        if server_args.get("tp_size", 1) > 1:  # SGLang spawns one scheduler per rank
+            import multiprocessing
+
+            ctx = multiprocessing.get_context("spawn")
+            ranks = [ctx.Process(target=_e2e_fake.rank_env, args=(str(self.rank_env), r))
+                     for r in range(server_args["tp_size"])]  # fmt: skip
+            for proc in ranks:
+                proc.start()
+            for proc in ranks:
+                proc.join(60)
+                assert proc.exitcode == 0
         if self.log and self.nvfp4:
             with self.log.open("a") as fh:
                 fh.write("x: ...; serving NVFP4 weight-only through FP4 Marlin (activations ...)\n")
@@ -579,6 +894,76 @@ def test_worker_speed_unit_against_a_stand_in_engine(
     assert sorted(speed["decode"], key=int) == ["1", "8"]
     assert {k: v["tokens"] for k, v in speed["prefill"].items()} == {"1024": 1024, "2048": 2048}
     assert rec["data"]["memory"]["weight_gib"] in (0.06, 0.12)
+
+
+def test_worker_parallel_units_against_a_stand_in_engine(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    log = stand_in_engine(tmp_path, monkeypatch)
+    monkeypatch.setattr(FakeEngine, "rank_env", tmp_path / "ranks.jsonl")
+    monkeypatch.setattr(FakeEngine, "server_args", [])
+    for key in e2e.NO_MULTICAST_ENV:  # the worker's own environment says otherwise
+        monkeypatch.setenv(key, "7")
+    s = settings()
+    units = {u.id: u for u in e2e.plan_units(tmp_path, s, None, parallel=True)}
+    # the one-GPU case first, as the runner does; its record is what the unit compares with
+    job = worker_job(units["case/moe/modelopt/bfloat16"], s, tmp_path, log)
+    (tmp_path / "case.json").write_text(json.dumps(job))
+    assert e2e_engine.main([str(tmp_path / "case.json")]) == 0
+    case = json.loads((tmp_path / "rec.json").read_text())["data"]
+    unit = units["parallel/modelopt/moe/ep2"]
+    job = worker_job(unit, s, tmp_path, log)
+    job["tp1"] = {
+        "unit": unit.spec["after"],
+        "greedy": case["reference"]["greedy"],
+        "ppl_parts": case["nvfp4"]["ppl_parts"],
+        "top1": case["nvfp4"]["top1"],
+    }
+    (tmp_path / "job.json").write_text(json.dumps(job))
+    assert e2e_engine.main([str(tmp_path / "job.json")]) != 0  # no checkpoint there
+    assert "no checkpoint" in json.loads((tmp_path / "rec.json").read_text())["error"]
+    Path(unit.spec["nvfp4"]).mkdir(parents=True)
+    (Path(unit.spec["nvfp4"]) / "config.json").write_text("{}")
+    assert e2e_engine.main([str(tmp_path / "job.json")]) == 0
+    assert FakeEngine.server_args[-1]["tp_size"] == 2 and FakeEngine.server_args[-1]["ep_size"] == 2
+    assert "tp_size" not in FakeEngine.server_args[0]  # the one-GPU engines: defaults
+    ranks = [json.loads(ln) for ln in (tmp_path / "ranks.jsonl").read_text().splitlines()]
+    assert sorted(r["rank"] for r in ranks) == [0, 1]
+    assert all(r["env"] == e2e.NO_MULTICAST_ENV for r in ranks)  # what the engine's ranks got
+    rec = json.loads((tmp_path / "rec.json").read_text())
+    row = e2e.assemble_parallel(rec)
+    assert (row["tp_size"], row["ep_size"], row["status"]) == (2, 2, "done")
+    assert row["ppl_nvfp4"] == pytest.approx(row["ppl_tp1"])  # the same stand-in numerics
+    assert row["top1_agreement"] == 1.0 and row["agreement_tokens"] == 8 * 128
+    assert row["marlin_log"] and rec["data"]["compared_with"] == "case/moe/modelopt/bfloat16"
+    problems: list[str] = []
+    report.check_e2e_parallel_record("e2e.json", row, problems)
+    assert problems == []
+    # no one-GPU results: a clear failure, not a row of Nones
+    job["tp1"] = {"unit": unit.spec["after"], "greedy": None, "ppl_parts": None, "top1": None}
+    (tmp_path / "job.json").write_text(json.dumps(job))
+    assert e2e_engine.main([str(tmp_path / "job.json")]) != 0
+    error = json.loads((tmp_path / "rec.json").read_text())["error"]
+    assert (
+        "no one-GPU results to compare with: case/moe/modelopt/bfloat16 has no ppl_parts" in error
+    )
+    assert "serve/e2e.py --only case/moe/modelopt/bfloat16" in error
+    # the speed unit: decode at batch 1 and 32 with tp_size=2, beside the one-GPU timings
+    unit = units["parallel/compressed-tensors/dense-large/tp2"]
+    job = worker_job(unit, s, tmp_path, log)
+    tp1 = _e2e_fake.unit_data("speed", {"variant": "ct-nvfp4"}, s)["speed"]["decode"]
+    job["tp1"] = {"unit": unit.spec["after"], "decode": tp1}
+    (tmp_path / "job.json").write_text(json.dumps(job))
+    Path(unit.spec["path"]).mkdir(parents=True)
+    (Path(unit.spec["path"]) / "config.json").write_text("{}")
+    assert e2e_engine.main([str(tmp_path / "job.json")]) == 0
+    rec = json.loads((tmp_path / "rec.json").read_text())
+    assert sorted(rec["data"]["speed"]["decode"], key=int) == ["1", "32"]
+    assert rec["data"]["tp1"]["decode"] == {"1": tp1["1"], "32": tp1["32"]}
+    rows = e2e.parallel_speed_rows(rec)
+    assert [(r["batch"], r["tp_size"], r["variant"]) for r in rows] == [
+        (1, 2, "ct-nvfp4"), (32, 2, "ct-nvfp4")]  # fmt: skip
+    assert all(r["tp1_tok_s"] and r["tok_s"] for r in rows)
 
 
 def _tree(root: Path, files: dict[str, str]) -> Path:
@@ -730,7 +1115,23 @@ def test_engine_and_server_names_are_the_pins() -> None:
               if isinstance(n, ast.AnnAssign) and isinstance(n.target, ast.Name)}  # fmt: skip
     s = settings("--cuda-graph-max-bs", "32", "--mem-fraction-static", "0.5",
                  "--disable-piecewise-cuda-graph", "--attention-backend", "triton")  # fmt: skip
-    assert set(e2e.engine_kwargs(s, "/m", "bfloat16")) <= fields
+    assert set(e2e.engine_kwargs(s, "/m", "bfloat16", tp_size=2, ep_size=2)) <= fields
+    args_text = (src / "srt" / "server_args.py").read_text()
+    assert "self.ep_size * self.moe_dp_size == self.tp_size" in args_text  # ep 2 needs tp 2
+    # the engine keeps the NCCL_NVLS_ENABLE it is given unless one of these is on: both off
+    # by default, and never set by serve/e2e.py
+    for flag in ("enable_nccl_nvls", "enable_symm_mem"):
+        assert f"{flag}: bool = False" in args_text
+        assert flag not in e2e.engine_kwargs(s, "/m", "bfloat16", tp_size=2, ep_size=2)
+    eng = (src / "srt" / "entrypoints" / "engine.py").read_text()
+    assert '"NCCL_NVLS_ENABLE" not in os.environ' in eng
+    # why the parallel units wait for the one-GPU engines to end (Runner.blocked)
+    runner = (src / "srt" / "model_executor" / "model_runner.py").read_text()
+    assert "pre_model_load_memory < local_gpu_memory * 0.9" in runner
+    assert (
+        "SGLANG_ENABLE_TP_MEMORY_INBALANCE_CHECK = EnvBool(True)"
+        in (src / "srt" / "environ.py").read_text()
+    )
     text = (src / "srt" / "server_args.py").read_text()
     for flag in [a for a in e2e.server_command(s, "/m", "bfloat16", 1, "marlin") if a[:2] == "--"]:
         assert f'"{flag}"' in text, flag

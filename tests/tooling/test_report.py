@@ -847,3 +847,129 @@ def test_run_metadata_of_a_line(monkeypatch: pytest.MonkeyPatch) -> None:
     root = Path(__file__).resolve().parents[2]
     assert meta["series_revision"]["series_sha256"] == report.series_sha256(root / "patches" / LINE)
     assert meta["series_revision"]["series_sha256"] != report.series_sha256(root / "patches")
+
+
+# --------------------------------------------------------------------------- e2e.json: two GPUs
+
+
+def _with_parallel(data: dict[str, Any]) -> dict[str, Any]:
+    """``data`` with passing ``parallel`` records and ``parallel_speed`` rows, the shape
+    serve/e2e.py --parallel writes."""
+    data = copy.deepcopy(data)
+    data["parallel"] = [
+        {"format": fmt, "model": model, "dtype": "bfloat16", "tp_size": tp, "ep_size": ep,
+         "ppl_nvfp4": 7.4322, "ppl_tp1": 7.43, "top1_agreement": 0.998, "tokens_scored": 32704,
+         "agreement_tokens": 2048, "status": "done"}
+        for fmt in report.E2E_FORMATS for model, tp, ep in report.E2E_PARALLEL_RUNS
+    ]  # fmt: skip
+    data["parallel_speed"] = [
+        {"format": fmt, "model": "dense-large", "variant": "x", "dtype": "bfloat16",
+         "tp_size": 2, "kind": "decode", "batch": b, "tok_s": 1500.0 * b, "tp1_tok_s": 950.0 * b}
+        for fmt in report.E2E_FORMATS for b in report.E2E_PARALLEL_DECODE_BATCHES
+    ]  # fmt: skip
+    return data
+
+
+def _parallel(d: dict[str, Any], fmt: str, model: str, ep: int) -> dict[str, Any]:
+    return next(r for r in d["parallel"]
+                if (r["format"], r["model"], r["ep_size"]) == (fmt, model, ep))  # fmt: skip
+
+
+def test_parallel_records_pending_when_absent_checked_when_present(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    _e2e_problems(tmp_path, _e2e())
+    assert main(["check-reports", "--dir", str(tmp_path)]) == 0  # absent: pending, no failure
+    out = capsys.readouterr().out
+    assert out.endswith(": OK\npending: e2e.json: parallel records (tp 2, and ep 2 for the MoE) "
+                        "not run yet: they need a CUDA host with 2 GPUs (serve/gpu-host.sh "
+                        "--parallel)\n")  # fmt: skip
+    assert _e2e_problems(tmp_path, _with_parallel(_e2e())) == []
+    assert main(["check-reports", "--dir", str(tmp_path)]) == 0
+    assert "pending: " not in capsys.readouterr().out
+    units = {"parallel/modelopt/dense/tp2": {"status": None}}  # planned, nothing written yet
+    problems = _e2e_problems(tmp_path, {**_e2e(), "units": units})
+    assert "e2e.json: 'parallel' must be a non-empty list (serve/e2e.py --parallel)" in problems
+
+
+def test_the_committed_e2e_report_passes_with_its_parallel_part_pending(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    committed = Path(__file__).resolve().parents[2] / "reports" / "h200"
+    pending: list[str] = []
+    assert report.check_report_dir(committed, pending=pending) == []
+    assert pending == [f"e2e.json: {report.E2E_PARALLEL_PENDING}"]
+
+
+def _p_drift(d: dict[str, Any]) -> None:
+    _parallel(d, "modelopt", "moe", 2)["ppl_nvfp4"] = 7.43 * 1.0015
+
+
+def _p_top1(d: dict[str, Any]) -> None:
+    _parallel(d, "compressed-tensors", "dense-bias", 1)["top1_agreement"] = 0.985
+
+
+def _p_no_ep2(d: dict[str, Any]) -> None:
+    d["parallel"].remove(_parallel(d, "compressed-tensors", "moe", 2))
+
+
+def _p_twice(d: dict[str, Any]) -> None:
+    d["parallel"].append(dict(_parallel(d, "modelopt", "dense", 1)))
+
+
+def _p_failed(d: dict[str, Any]) -> None:
+    _parallel(d, "modelopt", "dense", 1).update(
+        ppl_nvfp4=None, error="RuntimeError: NCCL error\n--- log tail:\n..."
+    )
+
+
+def _p_ep_on_dense(d: dict[str, Any]) -> None:
+    _parallel(d, "modelopt", "dense", 1)["ep_size"] = 2
+
+
+def _p_fp16(d: dict[str, Any]) -> None:
+    _parallel(d, "modelopt", "dense-bias", 1)["dtype"] = "float16"
+
+
+def _p_few_tokens(d: dict[str, Any]) -> None:
+    _parallel(d, "modelopt", "moe", 1)["agreement_tokens"] = 100
+
+
+def _p_no_tp1(d: dict[str, Any]) -> None:
+    _parallel(d, "compressed-tensors", "moe", 1)["ppl_tp1"] = None
+
+
+def _p_no_speed_32(d: dict[str, Any]) -> None:
+    d["parallel_speed"] = [r for r in d["parallel_speed"]
+                           if not (r["format"] == "modelopt" and r["batch"] == 32)]  # fmt: skip
+
+
+def _p_speed_tp1_missing(d: dict[str, Any]) -> None:
+    d["parallel_speed"][0]["tp1_tok_s"] = None
+
+
+@pytest.mark.parametrize(
+    ("mutate", "expected"),
+    [
+        (_p_drift, "e2e.json: parallel modelopt moe bfloat16 tp 2 ep 2: perplexity 7.4411 vs one "
+                   "GPU 7.4300: 0.150% apart (gate 0.1%)"),
+        (_p_top1, "parallel compressed-tensors dense-bias bfloat16 tp 2 ep 1: top-1 agreement "
+                  "with one GPU 0.9850 < 0.99"),
+        (_p_no_ep2, "e2e.json: no parallel record for compressed-tensors moe tp 2 ep 2"),
+        (_p_twice, "e2e.json: 2 parallel records for modelopt dense tp 2 ep 1"),
+        (_p_failed, "parallel modelopt dense bfloat16 tp 2 ep 1: failed: RuntimeError: NCCL error"),
+        (_p_ep_on_dense, "e2e.json: no parallel record for modelopt dense tp 2 ep 1"),
+        (_p_fp16, "e2e.json: no parallel record for modelopt dense-bias tp 2 ep 1"),
+        (_p_few_tokens, "agreement_tokens must be an integer >= 1024, got 100"),
+        (_p_no_tp1, "parallel compressed-tensors moe bfloat16 tp 2 ep 1: ppl_tp1 is None"),
+        (_p_no_speed_32, "parallel_speed modelopt dense-large tp 2 decode batch 32: no row"),
+        (_p_speed_tp1_missing, "parallel_speed compressed-tensors dense-large tp 2 decode batch "
+                               "1: tp1_tok_s missing"),
+    ],
+)  # fmt: skip
+def test_e2e_parallel_gates(tmp_path: Path, mutate: Any, expected: str) -> None:
+    data = _with_parallel(_e2e())
+    mutate(data)
+    problems = _e2e_problems(tmp_path, data)
+    assert any(expected in p for p in problems), problems
+    assert all(p.startswith("e2e.json") for p in problems)
