@@ -580,6 +580,23 @@ def test_own_commit_without_the_trailer_gets_it(project: Project) -> None:
     assert p.rebase("--abort")[0] == 0
 
 
+def test_rewritten_message_without_the_trailer_gets_it(project: Project) -> None:
+    """A prepared message rewritten for the line (its trailer left out) still records
+    where the line patch came from, so a later rebase and --check carry it."""
+    p = project
+    assert p.rebase("--to", V)[0] == 1
+    p.resolve()
+    prepared = (p.work / "message").read_text()
+    own = "\n".join(ln for ln in prepared.split("\n") if not ln.startswith("Rebased-From:"))
+    (p.work / "message").write_text(own.replace("Why:\n", "Why:\nthe line's own words\n", 1))
+    rc, out = p.rebase("--continue")
+    assert rc == 0, out
+    pid = stable_patch_id((p.root / "patches" / SOURCE[4]).read_text())
+    text = (p.out / LINE[3]).read_text()
+    assert "the line's own words" in text
+    assert f"\nRebased-From: {SOURCE[4]} {pid}\n" in text
+
+
 def test_check_reproduces_the_committed_line_and_fails_on_an_edit(
     lined: Project, tmp_path: Path
 ) -> None:

@@ -540,7 +540,7 @@ class Replay:
             self._add_trailer(i, commits)
         else:
             message = (self.work / MESSAGE).read_text(encoding="utf-8")  # as the user left it
-            self.co.commit(message, st.step["author"])
+            self.co.commit(line_message(message, self.trailer(i), {}), st.step["author"])
         self._done(i, "resolved", start, "resolved by hand")
 
     def _add_trailer(self, i: int, commits: list[str]) -> None:
