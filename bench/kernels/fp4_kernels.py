@@ -34,12 +34,13 @@ GLOBAL_SCALE_BIAS = {torch.float16: 14, torch.bfloat16: 126}
 MAX_GEMV_M = 64
 DEFAULT_SCRATCH_BYTES = 64 * 2**20
 
-# Which path serves which M (inclusive upper bounds), per layer shape name or "*". Provisional:
-# from the design's predictions until a benchmark run (run_round.py, dispatch.json) measures
-# the crossovers; the run that set them is named in DISPATCH_SOURCE.
-DISPATCH: dict[str, list[tuple[int, str]]] = {"*": [(16, "gemv"), (64, "gemv"),
-                                                     (1 << 30, "prefill")]}  # fmt: skip
-DISPATCH_SOURCE = "predicted (no measured run yet)"
+# Which path serves which M (inclusive upper bounds), per layer shape name or "*", from the
+# crossovers a benchmark run measured (run_round.py, dispatch.json), named in DISPATCH_SOURCE.
+# Round 1: Marlin is fastest at M <= 64 on every shape but o_8b at M <= 4 (gemv 5-10 %
+# ahead, not taken: within a re-run's spread), dequant + cuBLAS from M = 256 on every
+# shape; M = 65..255 was not measured, so the switch sits at the last M Marlin won.
+DISPATCH: dict[str, list[tuple[int, str]]] = {"*": [(64, "marlin"), (1 << 30, "prefill")]}
+DISPATCH_SOURCE = "measured: reports/h200/kernels/round-1/dispatch.json (H200, 2026-12-03)"
 
 
 def arch_flag(capability: tuple[int, int]) -> str:

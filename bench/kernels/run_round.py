@@ -512,7 +512,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     so = fk.build(args.out / "build", cap)
     kernels = fk.Kernels(so)
     ptxas = so.with_name(so.name.replace("libfp4k-", "ptxas-").replace(".so", ".txt"))
-    (args.out / "build.txt").write_text(ptxas.read_text() + "\n# SASS\n" + sass_summary(so))
+    build = ptxas.read_text() + "\n# SASS\n" + sass_summary(so)
+    (args.out / "build.txt").write_text(build.replace(f"{REPO}/", ""))  # paths in the repository
     log(f"built {so.name}")
 
     import _jitenv

@@ -72,7 +72,7 @@ FUSED_OUTCOMES = ("served", "refused")
 # Tensor/expert parallel layers (tests/gpu/test_tensor_parallel.py): rank by rank on one GPU,
 # combined, against the unsharded fp32 reference. Checked in full where numerics.json has the
 # list; required once TENSOR_PARALLEL_REQUIRED is set (after the GPU run that writes it).
-TENSOR_PARALLEL_REQUIRED = False
+TENSOR_PARALLEL_REQUIRED = True
 TP_DENSE_LAYERS = ("qkv", "o", "gate_up", "down")
 TP_LAYERS = (*TP_DENSE_LAYERS, "moe")
 TP_SIZES = (2, 4, 8)
@@ -235,6 +235,30 @@ def json_number(value: float | None) -> float | None:
     if value is None or not math.isfinite(value):
         return None
     return float(value)
+
+
+def repo_relative(value: Any, root: Path) -> Any:
+    """VALUE with every string naming a path under ROOT made relative to it: a report says
+    where things were in the repository, not on the machine it ran on."""
+    prefix = str(root).rstrip("/") + "/"
+    if isinstance(value, str):
+        return value[len(prefix) :] if value.startswith(prefix) else value
+    if isinstance(value, Mapping):
+        return {k: repo_relative(v, root) for k, v in value.items()}
+    if isinstance(value, list):
+        return [repo_relative(v, root) for v in value]
+    return value
+
+
+def host_paths(value: Any) -> list[str]:
+    """Absolute paths into a working tree (``/.../.work/...``) anywhere in VALUE."""
+    if isinstance(value, str):
+        return [value] if value.startswith("/") and "/.work/" in value else []
+    if isinstance(value, Mapping):
+        return [p for v in value.values() for p in host_paths(v)]
+    if isinstance(value, list):
+        return [p for v in value for p in host_paths(v)]
+    return []
 
 
 def write_json(path: Path, data: Mapping[str, Any]) -> None:
@@ -445,7 +469,8 @@ def check_numerics(data: Mapping[str, Any], problems: list[str], line: str | Non
             elif not all(t.get("passed") is True for t in entries):
                 problems.append(f"{name}: tracing check {check!r} did not pass")
     check_fused_shards(data, problems)
-    check_tensor_parallel(data, problems)
+    # a line's proof does not run the tensor-parallel suite (yet): checked where present
+    check_tensor_parallel(data, problems, required=TENSOR_PARALLEL_REQUIRED and line is None)
 
 
 def _fused_label(case: Mapping[str, Any]) -> str:
@@ -594,12 +619,14 @@ def check_tensor_parallel_case(name: str, case: Mapping[str, Any], problems: lis
     return ok
 
 
-def check_tensor_parallel(data: Mapping[str, Any], problems: list[str]) -> None:
+def check_tensor_parallel(
+    data: Mapping[str, Any], problems: list[str], required: bool = True
+) -> None:
     """numerics.json ``tensor_parallel``: every case served within the gates; per path and
     dtype a padded and an unpadded TP case, a column and a row layer (dense), EP 2 and 4 (MoE)."""
     name = "numerics.json tensor_parallel"
     cases = data.get("tensor_parallel")
-    if cases is None and not TENSOR_PARALLEL_REQUIRED:
+    if cases is None and not required:
         return
     if not isinstance(cases, list) or not cases:
         problems.append(f"{name}: missing (the cases of tests/gpu/test_tensor_parallel.py)")
@@ -1083,6 +1110,12 @@ def _load(path: Path, problems: list[str]) -> dict[str, Any] | None:
     if not isinstance(data, dict):
         problems.append(f"{path.name}: top level must be an object")
         return None
+    absolute = host_paths(data)
+    if absolute:
+        problems.append(
+            f"{path.name}: {len(absolute)} absolute path(s) of the machine it ran on, e.g. "
+            f"{absolute[0]!r}: write them relative to the repository (report.repo_relative)"
+        )
     return data
 
 

@@ -107,14 +107,15 @@ class GpuReport:
         out_dir = Path(os.environ.get("FP4SERIES_REPORT_DIR", str(REPO / "reports" / "h200")))
         command = os.environ.get("FP4SERIES_REPORT_COMMAND") or "pytest " + " ".join(sys.argv[1:])
         meta = report.run_metadata(command)
-        meta["environment"] = _environment()
+        meta["environment"] = report.repo_relative(_environment(), REPO)
         written = []
         forced = _jitenv.forced_arch()
         if forced:  # a whole session under compute_75: its cases are the Turing report
             data = {**meta, "arch": forced, "cases": self.cases}
             report.write_json(out_dir / "turing_ptx.json", data)
             return [out_dir / "turing_ptx.json"]
-        data = {**meta, "cases": self.cases, "tracing": self.tracing, **self.extra}
+        data = {**meta, "cases": self.cases, "tracing": self.tracing}
+        data.update(report.repo_relative(self.extra, REPO))
         if self.turing is not None:
             data["turing_ptx"] = self.turing
         report.write_json(out_dir / "numerics.json", data)

@@ -150,15 +150,40 @@ def _expect_marlin(layer: torch.nn.Module, what: str) -> None:
 class DenseLayer:
     path: str
     layer: torch.nn.Module
-    apply: Callable[[torch.Tensor, torch.Tensor | None], torch.Tensor]
+    apply: Callable[[torch.Tensor], torch.Tensor]  # x -> the layer's output, its bias added
     weight: Nvfp4Weight
     multiplier: float  # fp32 global multiplier of the reference
     n: int
     k: int
+    bias: torch.Tensor | None  # the checkpoint's bias, for the reference
+
+
+# (weight, multiplier) -> the checkpoint's bias, or None: called before the preparation
+MakeBias = Callable[[Nvfp4Weight, float], "torch.Tensor | None"]
+
+
+def _hold_bias(layer: torch.nn.Module, make_bias: MakeBias | None, weight, multiplier):
+    """The bias as a model's linear layer holds it: ``layer.bias``, set before the Marlin
+    preparation (which may pad or re-order it), and handed to ``apply`` from the layer, as
+    ``LinearBase.forward`` does. A bias passed around the preparation would hide its
+    handling. Returns the checkpoint's bias."""
+    bias = make_bias(weight, multiplier) if make_bias is not None else None
+    if bias is not None:
+        layer.register_parameter("bias", torch.nn.Parameter(bias.clone(), requires_grad=False))
+    return bias
+
+
+def _apply_with_layer_bias(method: Any, layer: torch.nn.Module):
+    return lambda x: method.apply(layer, x, getattr(layer, "bias", None))
 
 
 def build_modelopt_dense(
-    n: int, k: int, parts: Sequence[int], dtype: torch.dtype, gen: torch.Generator
+    n: int,
+    k: int,
+    parts: Sequence[int],
+    dtype: torch.dtype,
+    gen: torch.Generator,
+    make_bias: MakeBias | None = None,
 ) -> DenseLayer:
     from sglang.srt.layers.quantization.modelopt_quant import (
         ModelOptFp4Config,
@@ -179,11 +204,11 @@ def build_modelopt_dense(
     _fill(layer.weight_scale, weight.scales)
     _fill(layer.weight_scale_2, ws2)
     _fill(layer.input_scale, 0.0123)
+    bias = _hold_bias(layer, make_bias, weight, ws2)
     method.process_weights_after_loading(layer)
     _expect_marlin(layer, "modelopt-dense")
-    return DenseLayer(
-        "modelopt-dense", layer, lambda x, b: method.apply(layer, x, b), weight, ws2, n, k
-    )
+    apply = _apply_with_layer_bias(method, layer)
+    return DenseLayer("modelopt-dense", layer, apply, weight, ws2, n, k, bias)
 
 
 def ct_config() -> Any:
@@ -205,7 +230,12 @@ def ct_linear_scheme(config: Any) -> Any:
 
 
 def build_ct_dense(
-    n: int, k: int, parts: Sequence[int], dtype: torch.dtype, gen: torch.Generator
+    n: int,
+    k: int,
+    parts: Sequence[int],
+    dtype: torch.dtype,
+    gen: torch.Generator,
+    make_bias: MakeBias | None = None,
 ) -> DenseLayer:
     from sglang.srt.layers.quantization.compressed_tensors.compressed_tensors import (
         CompressedTensorsLinearMethod,
@@ -224,11 +254,11 @@ def build_ct_dense(
     _fill(layer.weight_scale, weight.scales)
     _fill(layer.weight_global_scale, gs)
     _fill(layer.input_global_scale, 81.3)
+    bias = _hold_bias(layer, make_bias, weight, 1 / gs)
     method.process_weights_after_loading(layer)
     _expect_marlin(layer, f"ct-dense ({type(layer.scheme).__name__})")
-    return DenseLayer(
-        "ct-dense", layer, lambda x, b: method.apply(layer, x, b), weight, 1 / gs, n, k
-    )
+    apply = _apply_with_layer_bias(method, layer)
+    return DenseLayer("ct-dense", layer, apply, weight, 1 / gs, n, k, bias)
 
 
 DENSE_BUILDERS = {"modelopt-dense": build_modelopt_dense, "ct-dense": build_ct_dense}
@@ -253,10 +283,10 @@ def _finite(value: float) -> float | None:
     return value if value == value and value not in (float("inf"), float("-inf")) else None
 
 
-def _output_rms(dense: DenseLayer) -> float:
+def _output_rms(weight: Nvfp4Weight, multiplier: float) -> float:
     """rms of ``x @ W^T`` over x ~ N(0, 1): ||W||_F / sqrt(N)."""
-    w = dequant_nvfp4(dense.weight.packed, dense.weight.scales, dense.multiplier)
-    return torch.linalg.vector_norm(w).item() / dense.n**0.5
+    w = dequant_nvfp4(weight.packed, weight.scales, multiplier)
+    return torch.linalg.vector_norm(w).item() / w.shape[0] ** 0.5
 
 
 def run_dense(
@@ -272,13 +302,15 @@ def run_dense(
     n, k, parts = DENSE_SHAPES[shape]
     gen = _gen(path, dtype, shape, bias if bias_scale is None else bias_scale)
     use_marlin_backends()
-    dense = DENSE_BUILDERS[path](n, k, parts, dtype, gen)
-    b = None
-    if bias and bias_scale is None:
-        b = (torch.randn(n, generator=gen, device=DEV) * 0.5).to(dtype)
-    elif bias:
-        rms = bias_scale * _output_rms(dense)
-        b = (torch.randn(n, generator=gen, device=DEV) * rms).to(dtype)
+
+    def make_bias(weight: Nvfp4Weight, multiplier: float) -> torch.Tensor | None:
+        if not bias:
+            return None
+        rms = 0.5 if bias_scale is None else bias_scale * _output_rms(weight, multiplier)
+        return (torch.randn(n, generator=gen, device=DEV) * rms).to(dtype)
+
+    dense = DENSE_BUILDERS[path](n, k, parts, dtype, gen, make_bias)
+    b = dense.bias
     small = dense.weight.small_rows
     cases = []
     for m in ms:
@@ -289,7 +321,7 @@ def run_dense(
         x = torch.randn(m, k, generator=gen, device=DEV).to(dtype)
         ref = dense_reference(x, dense.weight, dense.multiplier, b)
         try:
-            out = dense.apply(x, b)
+            out = dense.apply(x)
             torch.cuda.synchronize()
             if tuple(out.shape) != (m, n):
                 raise AssertionError(f"output shape {tuple(out.shape)} != {(m, n)}")

@@ -16,10 +16,16 @@ from test_marlin_numerics import DEV, build_modelopt_dense, use_marlin_backends
 N, K, M = 4096, 4096, 16
 
 
-def _layer(dtype: torch.dtype = torch.bfloat16) -> Any:
+def _layer(dtype: torch.dtype = torch.bfloat16, bias: bool = False) -> Any:
+    """The layer (holding a 0.5 * randn bias when BIAS, as a model's layer does) and the
+    generator for the inputs."""
     use_marlin_backends()
     gen = torch.Generator(device=DEV).manual_seed(1234)
-    return build_modelopt_dense(N, K, (N,), dtype, gen), gen
+
+    def make_bias(weight: Any, multiplier: float) -> torch.Tensor | None:
+        return (torch.randn(N, generator=gen, device=DEV) * 0.5).to(dtype) if bias else None
+
+    return build_modelopt_dense(N, K, (N,), dtype, gen, make_bias), gen
 
 
 def _op_callable() -> Any:
@@ -48,25 +54,24 @@ def _close(a: torch.Tensor, b: torch.Tensor) -> tuple[bool, float]:
 
 @pytest.mark.gpu
 def test_cuda_graph_replay_matches_eager(gpu_report: Any) -> None:
-    dense, gen = _layer()
-    bias = (torch.randn(N, generator=gen, device=DEV) * 0.5).to(torch.bfloat16)
+    dense, gen = _layer(bias=True)
     static_x = torch.randn(M, K, generator=gen, device=DEV).to(torch.bfloat16)
     stream = torch.cuda.Stream()
     stream.wait_stream(torch.cuda.current_stream())
     with torch.cuda.stream(stream):
         for _ in range(2):  # warm-up off the capture stream, as capture requires
-            dense.apply(static_x, bias)
+            dense.apply(static_x)
     torch.cuda.current_stream().wait_stream(stream)
     graph = torch.cuda.CUDAGraph()
     with torch.cuda.graph(graph):
-        static_out = dense.apply(static_x, bias)
+        static_out = dense.apply(static_x)
     results = []
     for _ in range(3):  # new inputs each replay: the graph must read the static buffer
         x = torch.randn(M, K, generator=gen, device=DEV).to(torch.bfloat16)
         static_x.copy_(x)
         graph.replay()
         torch.cuda.synchronize()
-        eager = dense.apply(x, bias)
+        eager = dense.apply(x)
         results.append(_close(static_out, eager))
     passed = all(ok for ok, _ in results)
     gpu_report.add_tracing(
@@ -84,7 +89,7 @@ def test_torch_compile_fullgraph_keeps_the_op(gpu_report: Any) -> None:
     op = _op_callable()
     args = _layer_op_args(dense.layer)
     x = torch.randn(M, K, generator=gen, device=DEV).to(torch.bfloat16)
-    eager = dense.apply(x, None)
+    eager = dense.apply(x)
 
     seen: list[str] = []
 

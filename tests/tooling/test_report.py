@@ -54,6 +54,7 @@ def _numerics() -> dict[str, Any]:
         ],
         "turing_ptx": {"status": "ran"},
         "fused_shards": _fused_shards(),
+        "tensor_parallel": _tensor_parallel(),
     }
 
 
@@ -620,18 +621,17 @@ def _tensor_parallel() -> list[dict[str, Any]]:
     return cases
 
 
-def test_tensor_parallel_valid_and_checked_only_where_present(
+def test_tensor_parallel_required_once_a_run_wrote_it(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     numerics = _numerics()
-    numerics["tensor_parallel"] = _tensor_parallel()
     assert report.check_report_dir(_write(tmp_path, numerics=numerics)) == []
-    del numerics["tensor_parallel"]  # a numerics.json from before the test: nothing to check
-    assert report.check_report_dir(_write(tmp_path, numerics=numerics)) == []
-    monkeypatch.setattr(report, "TENSOR_PARALLEL_REQUIRED", True)
+    del numerics["tensor_parallel"]
     assert report.check_report_dir(_write(tmp_path, numerics=numerics)) == [
         "numerics.json tensor_parallel: missing (the cases of tests/gpu/test_tensor_parallel.py)"
     ]
+    monkeypatch.setattr(report, "TENSOR_PARALLEL_REQUIRED", False)  # before that run
+    assert report.check_report_dir(_write(tmp_path, numerics=numerics)) == []
 
 
 def _tp_problems(tmp_path: Path, edit: Any) -> str:
@@ -973,3 +973,19 @@ def test_e2e_parallel_gates(tmp_path: Path, mutate: Any, expected: str) -> None:
     problems = _e2e_problems(tmp_path, data)
     assert any(expected in p for p in problems), problems
     assert all(p.startswith("e2e.json") for p in problems)
+
+
+def test_reports_hold_no_absolute_paths_of_the_machine_they_ran_on(tmp_path: Path) -> None:
+    numerics = _numerics()
+    numerics["environment"] = {"sglang_tree": "/srv/ci/project/.work/gp/trees/patched"}
+    problems = report.check_report_dir(_write(tmp_path, numerics=numerics))
+    assert problems == [
+        "numerics.json: 1 absolute path(s) of the machine it ran on, e.g. "
+        "'/srv/ci/project/.work/gp/trees/patched': write them relative to the repository "
+        "(report.repo_relative)"
+    ]
+    root = Path("/srv/ci/project")
+    fixed = report.repo_relative(numerics, root)
+    assert fixed["environment"] == {"sglang_tree": ".work/gp/trees/patched"}
+    assert report.repo_relative({"a": ["/srv/ci/other", 3]}, root) == {"a": ["/srv/ci/other", 3]}
+    assert report.check_report_dir(_write(tmp_path, numerics=fixed)) == []
