@@ -30,6 +30,7 @@ Public API (stable):
                 "already-applied" | "failed" | "not-tried"
     result_ref(branch) -> str    refs/fp4series/applied/<branch name>
 CLI: apply [--line VERSION] [--check] [--allow-base-mismatch] CHECKOUT
+     apply --recover CHECKOUT   finish or undo what a killed apply left; nothing else
 """
 
 from __future__ import annotations
@@ -278,14 +279,8 @@ def apply_series(
     repo = gitops.open_repo(checkout)
     lock = lock or load_lock(paths.default_lock_path())
     with co.apply_lock(repo) as killed_before:
-        notes = [killed_before] if killed_before else []
-        leftovers = co.remove_leftover_worktrees(repo)
-        notes += [f"removed {p}, left by a killed apply" for p in leftovers]
-        with co.signals_held() as got:  # a rollback is never left halfway
-            recovered, moved = co.recover(repo) or ("", False)
-        notes += [recovered] if recovered else []
-        if got:
-            raise co.Interrupted(recovered or "the checkout is as it was")
+        notes = [n for n in (killed_before, co.guard_report(repo)) if n]
+        moved = co.settle_killed_run(repo, notes)
         for note in notes:
             progress.info(note)
         if moved and gitops.is_dirty(repo):  # finished; the user's edits since then stay
@@ -408,7 +403,30 @@ def _terminate_cleanly() -> Iterator[None]:
             signal.signal(s, handler)
 
 
+def _cmd_recover(args: argparse.Namespace) -> int:
+    """--recover: settle what a killed apply left, apply nothing (checkout.recover_only)."""
+    repo = gitops.open_repo(args.checkout)
+    try:
+        with _terminate_cleanly():
+            notes = co.recover_only(repo)
+    except KeyboardInterrupt as exc:
+        state = exc.state if isinstance(exc, co.Interrupted) else "the checkout is as it was"
+        error = SeriesError(
+            f"apply --recover was interrupted; {state}",
+            hint=f"run scripts/apply.sh --recover {args.checkout} again",
+        )
+        error.exit_code = 130
+        raise error from None
+    for note in notes:
+        print(note)
+    if not notes:
+        print("nothing to recover: no apply was interrupted here")
+    return 0
+
+
 def _cmd_apply(args: argparse.Namespace) -> int:
+    if args.recover:
+        return _cmd_recover(args)
     line = resolve_line(args.line, lock_path=args.lock)
     args.patches = args.patches or line.patches_dir
     patches = load_series(args.patches)
@@ -545,6 +563,12 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     )
     p.add_argument("checkout", type=Path)
     p.add_argument("--check", action="store_true", help="report what would happen, change nothing")
+    p.add_argument(
+        "--recover",
+        action="store_true",
+        help="only finish or undo what a killed apply left (its index.lock names this), "
+        "apply nothing",
+    )
     p.add_argument(
         "--allow-base-mismatch",
         action="store_true",
