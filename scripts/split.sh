@@ -15,6 +15,6 @@ ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 . "$ROOT/scripts/lib/python.sh"
 if [ "${1:-}" = "--overlap" ]; then
   shift
-  exec "$PY" -m fp4series overlap "$@"
+  exec ${PY_START[@]+"${PY_START[@]}"} "$PY" -m fp4series overlap "$@"
 fi
-exec "$PY" -m fp4series split "$@"
+exec ${PY_START[@]+"${PY_START[@]}"} "$PY" -m fp4series split "$@"

@@ -31,7 +31,7 @@ from typing import TYPE_CHECKING
 
 from fp4series import compile_check
 from fp4series.digest import sha256_file
-from fp4series.errors import SeriesError, run_reporting_errors
+from fp4series.errors import SeriesError, run_main, run_reporting_errors
 from fp4series.paths import project_root
 from fp4series.workspace import PIN_TAG, pin_release, resolve_base, venv_python
 
@@ -726,4 +726,4 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    run_main(main)

@@ -13,7 +13,14 @@ import importlib
 import sys
 from collections.abc import Sequence
 
-from fp4series.errors import INTERRUPTED, SeriesError, report, run_reporting_errors
+from fp4series.errors import (
+    INTERRUPTED,
+    STARTING,
+    SeriesError,
+    interrupted,
+    report,
+    run_reporting_errors,
+)
 
 COMMAND_MODULES = (
     "fp4series.upstream",  # fetch / materialize / resolve-commit
@@ -65,12 +72,10 @@ def main(argv: Sequence[str] | None = None) -> int:
             return exc.exit_code
         args = parser.parse_args(argv)
         return run_reporting_errors(args.func, args)
-    except KeyboardInterrupt:  # before the command started (while it runs: run_reporting_errors)
-        report(
-            SeriesError(
-                "interrupted while starting; nothing was done", hint="run the same command again"
-            )
-        )
+    except BaseException as exc:  # before the command started (then: run_reporting_errors)
+        if not interrupted(exc):
+            raise
+        report(SeriesError(STARTING, hint="run the same command again"))
         return INTERRUPTED
 
 
