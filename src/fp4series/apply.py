@@ -53,8 +53,9 @@ from fp4series.errors import SeriesError, as_series_error, machine_hint
 from fp4series.hunks import HunkFit, locate_patch
 from fp4series.line import Line, add_line_option, resolve_line
 from fp4series.lock import Lock, load_lock
+from fp4series.patch import ZERO_ID, Patch
 from fp4series.progress import Progress
-from fp4series.series import ZERO_ID, Patch, load_series
+from fp4series.series import load_series
 from fp4series.verify import Base, find_base
 
 AM_ARGS = ("--3way", "--keep-cr", "--keep-non-patch", "--quiet")

@@ -89,6 +89,7 @@ from git import Repo
 
 from fp4series import gitops
 from fp4series.errors import SeriesError, as_series_error, machine_hint
+from fp4series.paths import write_atomically
 
 LOCK_NAME = "fp4series-apply.lock"
 STATE_NAME = "fp4series-apply.json"
@@ -366,14 +367,8 @@ def _state_path(repo: Repo) -> Path:
 
 
 def _write_state(repo: Repo, **state: str) -> None:
-    path = _state_path(repo)
-    tmp = path.with_suffix(".tmp")
-    try:
-        tmp.write_text(json.dumps(state) + "\n")
-        os.replace(tmp, path)
-    except BaseException:  # a full disk: the previous state file is intact
-        tmp.unlink(missing_ok=True)
-        raise
+    """Atomically: on a full disk the previous state file is intact."""
+    write_atomically(_state_path(repo), (json.dumps(state) + "\n").encode())
 
 
 def _read_state(repo: Repo) -> dict[str, str] | None:
@@ -382,7 +377,7 @@ def _read_state(repo: Repo) -> dict[str, str] | None:
         return json.loads(path.read_text())
     except FileNotFoundError:
         return None
-    except ValueError:  # killed while writing the .tmp: the old file is intact, so unreachable
+    except ValueError:  # written atomically, so unreachable
         return None
 
 
@@ -395,10 +390,10 @@ def _private(repo: Repo) -> Path:
 
 
 def _private_leftovers(repo: Repo) -> list[Path]:
-    """The private index, the lock git takes on it, the state's temporary file: ours alone."""
+    """The private index, the lock git takes on it, the state's temporary files: ours alone."""
     gd = Path(repo.git_dir)
-    names = (PRIVATE_INDEX, PRIVATE_INDEX + ".lock", _state_path(repo).with_suffix(".tmp").name)
-    return [gd / n for n in names if (gd / n).exists()]
+    found = [gd / n for n in (PRIVATE_INDEX, PRIVATE_INDEX + ".lock") if (gd / n).exists()]
+    return found + sorted(gd.glob(f".{STATE_NAME}.*.tmp"))  # paths.write_atomically's
 
 
 def index_lock_is_ours(repo: Repo) -> bool:
@@ -1065,9 +1060,7 @@ def settle_killed_run(repo: Repo, notes: list[str]) -> bool:
 
 def _write_log(path: Path, notes: list[str]) -> None:
     with suppress(OSError):  # a full disk: the next apply finds the state and says it itself
-        tmp = path.with_name(path.name + ".tmp")
-        tmp.write_text("\n".join(notes) + "\n")
-        os.replace(tmp, path)
+        write_atomically(path, ("\n".join(notes) + "\n").encode())
 
 
 # ------------------------------------------------------------------------------------ worktrees

@@ -44,8 +44,9 @@ from fp4series.checkout import Interrupted, signals_held, wait_at
 from fp4series.errors import SeriesError
 from fp4series.line import add_line_option, resolve_line
 from fp4series.lock import Lock, load_lock
+from fp4series.patch import END_MARKER, parse_patch
 from fp4series.progress import Progress
-from fp4series.series import END_MARKER, SERIES_FILE, load_series, parse_patch, read_series_names
+from fp4series.series import SERIES_FILE, load_series, read_series_names
 from fp4series.verify import find_base
 
 FORMAT_PATCH_ARGS = (

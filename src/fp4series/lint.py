@@ -66,16 +66,9 @@ from typing import Any
 from fp4series import paths
 from fp4series.errors import SeriesError
 from fp4series.lock import load_lock
+from fp4series.patch import END_MARKER, Patch, parse_patch
 from fp4series.patchid import PATCH_ID, stable_patch_id
-from fp4series.series import (
-    END_MARKER,
-    SERIES_FILE,
-    Patch,
-    load_series,
-    parse_patch,
-    read_series_names,
-    series_problems,
-)
+from fp4series.series import SERIES_FILE, load_series, read_series_names, series_problems
 
 SUBJECT_MAX = 72
 SECTIONS = ("Why:", "What:", "How verified:")

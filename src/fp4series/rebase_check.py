@@ -59,11 +59,11 @@ from typing import Any
 
 from fp4series.errors import SeriesError
 from fp4series.line import add_line_option
-from fp4series.overlap import load_patch_docs
 from fp4series.rebase.matrix import Target, run_matrix
 from fp4series.rebase.policy import POLICIES, apply_policy, load_baseline, regenerate_command
 from fp4series.rebase.render import to_markdown
 from fp4series.rebase.repo import JudgeRepo
+from fp4series.series import load_series
 
 
 def _materialized(dest: Path, tag: str) -> bool:
@@ -116,7 +116,7 @@ def cmd_rebase_check(args: argparse.Namespace) -> int:
     cache = paths.default_cache_dir()
     work = root / ".work"
     lock = line.lock
-    docs = load_patch_docs(patches_dir)
+    docs = load_series(patches_dir)
     if not docs:
         raise SeriesError(f"the series in {patches_dir} is empty", hint="add patches first")
     wanted = args.releases or newer_targets(lock, line.version)

@@ -79,16 +79,15 @@ from typing import Any
 from fp4series import split_guard as guard
 from fp4series.errors import SeriesError
 from fp4series.overlap import (
-    PatchDoc,
     dependency_closure,
     derived_dependencies,
     explain_dependencies,
-    load_patch_docs,
     register_overlap,
 )
+from fp4series.patch import Patch, message_lines, parse_trailers
 from fp4series.patchid import patch_identity
-from fp4series.paths import inside, remove_tree_inside, safe_name
-from fp4series.series import parse_trailers
+from fp4series.paths import inside, remove_tree_inside, safe_name, write_atomically
+from fp4series.series import load_series
 
 BRANCH_PREFIX = "nvfp4-marlin/"
 UPSTREAM_REPO = "sgl-project/sglang"
@@ -143,15 +142,15 @@ class Unit:
     """One PR: a patch, or a Group: of patches, and the earlier patches it needs."""
 
     name: str
-    members: list[PatchDoc]
-    deps: list[PatchDoc]
+    members: list[Patch]
+    deps: list[Patch]
 
     @property
     def branch(self) -> str:
         return BRANCH_PREFIX + self.name
 
     @property
-    def patches(self) -> list[PatchDoc]:
+    def patches(self) -> list[Patch]:
         """Everything on the branch, deps first, in series order."""
         return self.deps + self.members
 
@@ -179,7 +178,7 @@ class SplitResult:
     warnings: list[str] = field(default_factory=list)  # description wording to reword
 
 
-def unit_name(doc: PatchDoc) -> str:
+def unit_name(doc: Patch) -> str:
     """The unit a patch belongs to: its Group: or its stem. It names a branch, a directory and
     a file under the split's out dir, so it must be a plain name (the linter checks it too)."""
     if doc.group is None:
@@ -192,11 +191,11 @@ def unit_name(doc: PatchDoc) -> str:
     )
 
 
-def plan_units(docs: Sequence[PatchDoc], only: Sequence[str] | None = None) -> list[Unit]:
+def plan_units(docs: Sequence[Patch], only: Sequence[str] | None = None) -> list[Unit]:
     """Units in series order with their dependency closure (declared + derived from overlaps)."""
     deps = derived_dependencies(docs)
     order = {d.name: i for i, d in enumerate(docs)}
-    groups: dict[str, list[PatchDoc]] = {}
+    groups: dict[str, list[Patch]] = {}
     for d in docs:
         groups.setdefault(unit_name(d), []).append(d)
     units: list[Unit] = []
@@ -325,13 +324,10 @@ def strip_trailers(text: str, drop: Sequence[str] = INTERNAL_TRAILERS) -> str:
     paragraph (continuation lines included); the diff and every other line are kept."""
     lines = text.split("\n")
     try:
-        blank = lines.index("", 1)  # end of the mail headers
+        start, end = message_lines(lines)
     except ValueError:
         return text
-    end = blank + 1
-    while end < len(lines) and lines[end] != "---" and not lines[end].startswith("diff --git "):
-        end += 1
-    message = lines[blank + 1 : end]
+    message = lines[start:end]
     last = len(message)
     while last > 0 and not message[last - 1].strip():
         last -= 1
@@ -360,7 +356,7 @@ def strip_trailers(text: str, drop: Sequence[str] = INTERNAL_TRAILERS) -> str:
         body += ["", *kept] if body else kept
     tail = message[last:]
     new_message = body + (tail if tail else [""])
-    return "\n".join(lines[: blank + 1] + new_message + lines[end:])
+    return "\n".join(lines[:start] + new_message + lines[end:])
 
 
 @dataclass
@@ -458,7 +454,7 @@ def test_placements(unit: Unit) -> list[TestPlacement]:
             if "=" in entry:
                 src, dest = entry.split("=", 1)
                 declared[src] = dest
-        for t in m.tests:
+        for t in m.tests():
             if re.match(r"^(gpu|bench):", t):
                 continue
             src = t.split("::", 1)[0]
@@ -573,7 +569,7 @@ def runnable_tests(unit: Unit) -> tuple[list[str], list[str]]:
     run: list[str] = []
     skip: list[str] = []
     for m in unit.members:
-        for t in m.tests:
+        for t in m.tests():
             if re.match(r"^(gpu|bench):", t):
                 skip.append(t)
             elif t not in run:
@@ -742,7 +738,7 @@ def numerics_evidence(unit: Unit, report: Path) -> list[str]:
 def bench_evidence(unit: Unit, report: Path) -> list[str]:
     """Lines for Benchmarking from reports/h200/bench.json ``rows`` (times in microseconds)."""
     touches_speed = any("marlin" in f or "fp4" in f for m in unit.members for f in m.files) or any(
-        t.startswith("bench:") for m in unit.members for t in m.tests
+        t.startswith("bench:") for m in unit.members for t in m.tests()
     )
     if not touches_speed:
         return [
@@ -779,9 +775,9 @@ def bench_evidence(unit: Unit, report: Path) -> list[str]:
     return out
 
 
-def _diffstat(doc: PatchDoc) -> list[str]:
+def _diffstat(doc: Patch) -> list[str]:
     out = []
-    for f in doc.diff.files:
+    for f in doc.changes:
         add = sum(len(h.added()) for h in f.hunks)
         rem = sum(len(h.removed()) for h in f.hunks)
         what = " (new)" if f.is_new else " (deleted)" if f.is_deleted else ""
@@ -987,9 +983,7 @@ def load_record(out_dir: Path, log: Callable[[str], None] = print) -> dict[str, 
 def write_record(out_dir: Path, record: dict[str, Any]) -> Path:
     """Write the record atomically (a rename), so an interrupted split leaves the old one."""
     path = inside(out_dir / RECORD_FILE, out_dir)
-    tmp = path.with_name(RECORD_FILE + ".tmp")
-    tmp.write_text(json.dumps(record, indent=2) + "\n", encoding="utf-8")
-    os.replace(tmp, path)
+    write_atomically(path, (json.dumps(record, indent=2) + "\n").encode())
     return path
 
 
@@ -1099,7 +1093,7 @@ def _base_names(want: str, pin_version: str, pin_tag: str) -> tuple[str, str]:
 
 def split(
     repo: Path,
-    docs: Sequence[PatchDoc],
+    docs: Sequence[Patch],
     *,
     base: str,
     pin_version: str,
@@ -1221,7 +1215,7 @@ def _drop_new_tags(repo: Path, before: dict[str, str], log: Callable[[str], None
 
 def _build_all(
     repo: Path,
-    docs: Sequence[PatchDoc],
+    docs: Sequence[Patch],
     units: Sequence[Unit],
     units_all: Sequence[Unit],
     reasons: dict[str, dict[str, list[str]]],
@@ -1445,7 +1439,7 @@ def cmd_split(args: argparse.Namespace) -> int:
             hint="pass a materialized pin (scripts/fetch-upstream.sh DEST), an sglang clone, "
             "or a path that does not exist yet (a clone of the pin is made there)",
         )
-    docs = load_patch_docs(Path(args.patches_dir) if args.patches_dir else root / "patches")
+    docs = load_series(Path(args.patches_dir) if args.patches_dir else root / "patches")
     if not docs:
         raise SeriesError("the series is empty", hint="add patches to patches/series first")
 

@@ -46,7 +46,7 @@ from typing import Any
 
 from fp4series.checkout import pid_alive, wait_at
 from fp4series.errors import SeriesError
-from fp4series.paths import inside
+from fp4series.paths import inside, write_atomically
 
 ZERO = "0" * 40
 PAUSE_POINTS = ("planned", "branch-built", "before-refs", "refs-moved", "files-placed")
@@ -316,9 +316,7 @@ class Transaction:
         pause("refs-moved")
         self._prior_pending = pending_outputs(self.out_dir)
         pending = {**self._prior_pending, **{n: sha256_of(f) for n, f in self.files.items()}}
-        tmp = self.out_dir / (PENDING + ".tmp")
-        tmp.write_text(json.dumps(pending, indent=2) + "\n", encoding="utf-8")
-        os.replace(tmp, self.out_dir / PENDING)
+        write_atomically(self.out_dir / PENDING, (json.dumps(pending, indent=2) + "\n").encode())
         for name in sorted(self.files) + sorted(self.removals):
             target = inside(self.out_dir / name, self.out_dir)
             aside: Path | None = None

@@ -14,8 +14,9 @@ from fp4series.blobs import blob_id, blob_mismatches, check_series_blobs
 from fp4series.errors import SeriesError
 from fp4series.gitops import open_repo
 from fp4series.lint import lint_paths
+from fp4series.patch import parse_patch
 from fp4series.progress import quiet
-from fp4series.series import load_series, parse_patch
+from fp4series.series import load_series
 
 A_PY = "python/sglang/srt/a.py"
 NEW_PY = "python/sglang/srt/new.py"

@@ -16,7 +16,8 @@ from fp4series import cli, paths
 from fp4series.errors import SeriesError
 from fp4series.lint import lint_paths
 from fp4series.lock import load_lock
-from fp4series.series import load_series, parse_patch
+from fp4series.patch import parse_patch
+from fp4series.series import load_series
 
 ROOT = Path(__file__).resolve().parents[2]
 P1 = "0001-change-value-ten.patch"

@@ -204,7 +204,7 @@ def test_a_patch_judged_upstream_cannot_stay_pending(env: Env) -> None:
 
 def test_partly_upstream_is_a_note_once_a_line_on_that_release_carries_it(env: Env) -> None:
     from fp4series.lint import cross_check
-    from fp4series.series import parse_patch
+    from fp4series.patch import parse_patch
 
     data = json.loads(write_matrix(env, UPSTREAM_P1).read_text())
     patch = parse_patch(env.patches / P2)

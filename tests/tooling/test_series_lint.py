@@ -11,7 +11,8 @@ from _fakepin import Env, isolate_git, make_env
 from fp4series import cli
 from fp4series.errors import SeriesError
 from fp4series.lint import lint_paths
-from fp4series.series import ZERO_ID, load_series, parse_patch
+from fp4series.patch import ZERO_ID, parse_patch
+from fp4series.series import load_series
 
 P1 = "0001-change-value-ten.patch"
 P2 = "0002-return-two-and-add-new-module.patch"

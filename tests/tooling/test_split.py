@@ -15,7 +15,7 @@ import pytest
 
 from fp4series import split as sp
 from fp4series.errors import SeriesError
-from fp4series.overlap import load_patch_docs
+from fp4series.series import load_series
 
 ENV = {**fakepin.IDENTITY, "GIT_AUTHOR_NAME": "Author One", "GIT_AUTHOR_EMAIL": "a@example.com"}
 A_PY = "".join(f"value_{i} = {i}\n" for i in range(1, 41))
@@ -101,7 +101,7 @@ def subjects(repo: Path, branch: str) -> list[str]:
 def run_split(
     world: dict[str, Path], base_override: str = "pin", rel: Path | None = None, **kw: object
 ) -> list[sp.SplitResult]:
-    docs = load_patch_docs(world["patches"])
+    docs = load_series(world["patches"])
     kw.setdefault("log", lambda s: None)
     return sp.split(
         world["target"],
@@ -289,7 +289,7 @@ def test_cli_prints_commands_never_pushes(
     with pytest.raises(Exception, match="no tag v9.9.9"):
         sp.split(
             world["target"],
-            load_patch_docs(world["patches"]),
+            load_series(world["patches"]),
             base=bad.base,
             pin_version="0.0.1",
             pin_tag="v0.0.1",
@@ -329,7 +329,7 @@ def test_base_on_a_newer_release_fetched_into_the_repo(world: dict[str, Path]) -
             }
         )
     )
-    docs = load_patch_docs(world["patches"])
+    docs = load_series(world["patches"])
     common = dict(
         pin_version="0.0.1",
         pin_tag="v0.0.1",
@@ -500,7 +500,7 @@ def split_line(line: dict[str, Path], **kw: object) -> list[sp.SplitResult]:
         log=lambda s: None,
     )
     common.update(kw)
-    docs = load_patch_docs(kw.pop("patches_dir", line["line"]))  # type: ignore[arg-type]
+    docs = load_series(kw.pop("patches_dir", line["line"]))  # type: ignore[arg-type]
     common.pop("patches_dir", None)
     return sp.split(line["target"], docs, **common)  # type: ignore[arg-type]
 
@@ -544,7 +544,7 @@ def test_own_base_never_falls_back_to_three_way(world: dict[str, Path]) -> None:
         "0.0.2",
         {"python/pkg/__init__.py": "", "python/pkg/a.py": REL_A, "python/pkg/b.py": "B = 1\n"},
     )
-    docs = load_patch_docs(world["patches"])
+    docs = load_series(world["patches"])
     common = dict(
         base="0.0.2",
         pin_version="0.0.1",
@@ -629,7 +629,7 @@ def test_record_then_range_diff_after_an_edit_then_unchanged(world: dict[str, Pa
     path = world["patches"] / "0002-other-b.patch"
     path.write_text(path.read_text().replace("+B = 2\n", "+B = 3\n"))
     logged: list[str] = []
-    docs = load_patch_docs(world["patches"])
+    docs = load_series(world["patches"])
     second = sp.split(
         t,
         docs,

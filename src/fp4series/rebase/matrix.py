@@ -11,7 +11,8 @@ from pathlib import Path
 from typing import Any
 
 from fp4series.errors import SeriesError
-from fp4series.overlap import PatchDoc, derived_dependencies
+from fp4series.overlap import derived_dependencies
+from fp4series.patch import Patch
 from fp4series.rebase.repo import JudgeRepo
 from fp4series.rebase.stack import check_tree
 from fp4series.rebase.verdict import PatchResult, Verdict
@@ -64,7 +65,7 @@ class Matrix:
 
 def run_matrix(
     repo: JudgeRepo,
-    docs: Sequence[PatchDoc],
+    docs: Sequence[Patch],
     pin: Target,
     targets: Sequence[Target | tuple[str, str]],
     *,

@@ -28,7 +28,6 @@ reset (``--drop`` resets only a tree that is still exactly as the tool left it).
 from __future__ import annotations
 
 import json
-import os
 import re
 import shutil
 import subprocess
@@ -40,7 +39,8 @@ from typing import Any
 from fp4series.checkout import wait_at
 from fp4series.errors import SeriesError
 from fp4series.export import _existing_stems, patch_stem
-from fp4series.overlap import PatchDoc, load_patch_docs
+from fp4series.patch import Patch, parse_trailers
+from fp4series.paths import write_atomically
 from fp4series.progress import Progress
 from fp4series.rebase.matrix import Target
 from fp4series.rebase.record import (
@@ -55,8 +55,8 @@ from fp4series.rebase.record import (
 from fp4series.rebase.repo import JudgeRepo
 from fp4series.rebase.stack import check_tree
 from fp4series.rebase.verdict import PatchResult
-from fp4series.rebase.worktree import WorkCheckout, patch_meta
-from fp4series.series import SERIES_FILE, load_series, parse_trailers
+from fp4series.rebase.worktree import WorkCheckout
+from fp4series.series import SERIES_FILE, load_series
 
 STATE = "state.json"
 MESSAGE = "message"
@@ -123,12 +123,7 @@ def load_state(work: Path) -> State | None:
 
 
 def save_state(work: Path, state: State) -> None:
-    tmp = work / (STATE + ".tmp")
-    with open(tmp, "w", encoding="utf-8") as fh:
-        fh.write(json.dumps(asdict(state), indent=1) + "\n")
-        fh.flush()
-        os.fsync(fh.fileno())
-    os.replace(tmp, work / STATE)
+    write_atomically(work / STATE, (json.dumps(asdict(state), indent=1) + "\n").encode())
 
 
 @dataclass
@@ -177,7 +172,7 @@ def line_message(message: str, trailer: str, renames: dict[str, list[str]]) -> s
 
 
 def judge_series(
-    repo: JudgeRepo, docs: Sequence[PatchDoc], release: Target, source: Target
+    repo: JudgeRepo, docs: Sequence[Patch], release: Target, source: Target
 ) -> dict[str, PatchResult]:
     """The judge's verdicts (fp4series.rebase.stack) of the whole series on RELEASE."""
     trees = []
@@ -209,7 +204,7 @@ class Replay:
         self.work, self.state, self.prepare = work, state, prepare
         self.progress = progress or Progress()
         self.co = WorkCheckout(work / "checkout")
-        self._docs: list[PatchDoc] | None = None
+        self._docs: list[Patch] | None = None
         self._record: Record | None = None
         self._stems: dict[str, str] | None = None
 
@@ -268,9 +263,9 @@ class Replay:
         return r
 
     @property
-    def docs(self) -> list[PatchDoc]:
+    def docs(self) -> list[Patch]:
         if self._docs is None:
-            self._docs = load_patch_docs(self.work / "source")
+            self._docs = load_series(self.work / "source")
         return self._docs
 
     @property
@@ -309,10 +304,12 @@ class Replay:
         return f"{p['name']} {p['patch_id']}"
 
     def message(self, i: int) -> tuple[str, dict[str, str]]:
-        """The line's commit message for source patch I, and its author (name, email, date)."""
-        meta = patch_meta(self.docs[i].text)
+        """The line's commit message for source patch I, and its author (name, email, date),
+        as ``git am`` would take them from the patch."""
+        doc = self.docs[i]
+        author = {"name": doc.author_name, "email": doc.author_email, "date": doc.date}
         renames = {d["patch"]: d["names"] for d in self.state.done}
-        return line_message(meta.pop("message"), self.trailer(i), renames), meta
+        return line_message(doc.commit_message(), self.trailer(i), renames), author
 
     # ---------------------------------------------------------------------------------- steps
 
@@ -386,10 +383,10 @@ class Replay:
         rename = p["moved_to"] or None
         rows = p["hunks"] if p["verdict"] == "partly-upstream" else []
         skip = set(p["not_judged"])
-        if len(rows) != sum(len(fd.hunks) for fd in doc.diff.files if fd.old_path not in skip):
+        if len(rows) != sum(len(fd.hunks) for fd in doc.changes if fd.old_path not in skip):
             rows = []  # not the judge's per-hunk rows: apply it whole
         parts, removed, k = [], [], 0
-        for fd in doc.diff.files:
+        for fd in doc.changes:
             if not rows or fd.old_path in skip or not fd.hunks:
                 parts.append(fd.text(rename=rename))
                 continue

@@ -11,7 +11,6 @@ from __future__ import annotations
 import hashlib
 import os
 import subprocess
-import tempfile
 from pathlib import Path
 
 from git import Repo
@@ -24,30 +23,6 @@ BRANCH = "fp4series-rebase"
 SOURCE_BASE_REF = "refs/fp4series/source-base"
 UNMERGED = {"DD", "AU", "UD", "UA", "DU", "AA", "UU"}
 _GIT_LOCATION = ("GIT_DIR", "GIT_WORK_TREE", "GIT_INDEX_FILE")
-
-
-def patch_meta(text: str) -> dict[str, str]:
-    """Author name, email, date and message of a format-patch file, read as ``git am`` does."""
-    with tempfile.TemporaryDirectory(prefix="fp4series-mailinfo-") as d:
-        proc = subprocess.run(
-            ["git", "mailinfo", "-b", "-u", f"{d}/msg", f"{d}/patch"],
-            input=text.encode("utf-8", "surrogateescape"),
-            capture_output=True,
-            check=False,
-        )
-        if proc.returncode != 0:
-            raise SeriesError(
-                f"git mailinfo could not read the patch: {proc.stderr.decode().strip()}",
-                hint="regenerate the patch with scripts/export.sh",
-            )
-        body = Path(d, "msg").read_text(encoding="utf-8", errors="surrogateescape")
-    info = dict(ln.split(": ", 1) for ln in proc.stdout.decode().splitlines() if ": " in ln)
-    return {
-        "name": info.get("Author", ""),
-        "email": info.get("Email", ""),
-        "date": info.get("Date", ""),
-        "message": info.get("Subject", "") + "\n\n" + body,
-    }
 
 
 class WorkCheckout:
