@@ -478,23 +478,18 @@ def _git_writing(repo: Repo, *args: str, index: Path | None = None) -> subproces
     lock (no later apply starts while it runs, even once we are killed) and the guard's pipe
     (the guard acts only once it has exited), and the caller holds the signals, so it is never
     left running behind our back. FP4SERIES_FAULT_GIT: module doc."""
-    cmd = [git.Git.GIT_PYTHON_GIT_EXECUTABLE or "git", *args]
-    if os.environ.get(FAULT_GIT_ENV):
-        cmd.insert(0, os.environ[FAULT_GIT_ENV])
-    env = {**os.environ, "LC_ALL": "C", "LANGUAGE": "C"}
+    env = {"LC_ALL": "C", "LANGUAGE": "C"}
     if index is not None:
         env["GIT_INDEX_FILE"] = str(index)
     fds = tuple(fd for fd in (_LOCK_FDS.get(_key(repo)), _GUARD_FDS.get(_key(repo))) if fd)
-    return subprocess.run(
-        cmd,
-        cwd=repo.working_tree_dir,
+    return gitops.run(
+        repo.working_tree_dir,
+        *args,
         env=env,
         stdin=subprocess.DEVNULL,
-        capture_output=True,
-        text=True,
         errors="replace",
         pass_fds=fds,
-        check=False,
+        wrapper=os.environ.get(FAULT_GIT_ENV) or None,
     )
 
 

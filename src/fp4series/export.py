@@ -87,11 +87,9 @@ _NAME = re.compile(r"^\d{4}-(.+)\.patch$")
 
 
 def format_patch(repo: Repo, commit: str) -> bytes:
-    cmd = ["git"]
-    for item in GIT_CONFIG_OVERRIDES:
-        cmd += ["-c", item]
-    cmd += ["format-patch", *FORMAT_PATCH_ARGS, "-1", commit]
-    out = repo.git.execute(cmd, stdout_as_string=False, strip_newline_in_stdout=False)
+    out = repo.git(c=list(GIT_CONFIG_OVERRIDES)).format_patch(
+        *FORMAT_PATCH_ARGS, "-1", commit, stdout_as_string=False, strip_newline_in_stdout=False
+    )
     assert isinstance(out, bytes)
     return out
 

@@ -57,6 +57,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+from fp4series import gitops
 from fp4series.errors import SeriesError
 from fp4series.line import add_line_option
 from fp4series.rebase.matrix import Target, run_matrix
@@ -69,13 +70,7 @@ from fp4series.series import load_series
 def _materialized(dest: Path, tag: str) -> bool:
     if not (dest / ".git").exists():
         return False
-    proc = subprocess.run(
-        ["git", "rev-parse", "-q", "--verify", f"refs/tags/{tag}"],
-        cwd=dest,
-        capture_output=True,
-        text=True,
-    )
-    return proc.returncode == 0
+    return gitops.rev(dest, f"refs/tags/{tag}") is not None
 
 
 def prepare_release(lock: Any, version: str, work: Path, cache: Path) -> Target:

@@ -76,6 +76,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
+from fp4series import gitops
 from fp4series import split_guard as guard
 from fp4series.errors import SeriesError
 from fp4series.overlap import (
@@ -240,18 +241,13 @@ def unit_of(units_all: Sequence[Unit], patch_name: str) -> str | None:
 def _git(
     repo: Path, *args: str, env: dict[str, str] | None = None, check: bool = True
 ) -> subprocess.CompletedProcess[str]:
-    full_env = dict(os.environ)
-    full_env.pop("GIT_DIR", None)
-    full_env.pop("GIT_INDEX_FILE", None)
-    if env:
-        full_env.update(env)
-    proc = subprocess.run(["git", *args], cwd=repo, capture_output=True, text=True, env=full_env)
-    if check and proc.returncode != 0:
-        raise SeriesError(
-            f"git {' '.join(args)} failed in {repo}: {proc.stderr.strip() or proc.stdout.strip()}",
-            hint="check the repository state (git status) and run the split again",
-        )
-    return proc
+    return gitops.run(
+        repo,
+        *args,
+        env=env,
+        check=check,
+        hint="check the repository state (git status) and run the split again",
+    )
 
 
 def _committer_env(repo: Path, patch_text: str = "") -> dict[str, str]:

@@ -44,6 +44,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
+from fp4series import gitops
 from fp4series.checkout import pid_alive, wait_at
 from fp4series.errors import SeriesError
 from fp4series.paths import inside, write_atomically
@@ -64,10 +65,7 @@ def pause(point: str) -> None:
 
 
 def _git(repo: Path, *args: str, stdin: str | None = None) -> subprocess.CompletedProcess[str]:
-    env = {k: v for k, v in os.environ.items() if k not in ("GIT_DIR", "GIT_INDEX_FILE")}
-    return subprocess.run(
-        ["git", *args], cwd=repo, input=stdin, capture_output=True, text=True, env=env
-    )
+    return gitops.run(repo, *args, input=stdin)
 
 
 def ref_tip(repo: Path, ref: str) -> str | None:

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import subprocess
 import sys
 import time
 from collections.abc import Callable, Sequence
@@ -10,6 +9,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from fp4series import gitops
 from fp4series.errors import SeriesError
 from fp4series.overlap import derived_dependencies
 from fp4series.patch import Patch
@@ -108,12 +108,9 @@ def run_matrix(
 
 def _resolve(t: Target) -> str:
     """The commit of T in its repo, as an object id the judge repo can read via alternates."""
-    proc = subprocess.run(
-        ["git", "rev-parse", f"{t.rev}^{{commit}}"], cwd=t.repo, capture_output=True, text=True
-    )
-    if proc.returncode != 0:
+    commit = gitops.rev(t.repo, f"{t.rev}^{{commit}}")
+    if commit is None:
         raise SeriesError(
-            f"{t.repo} has no revision {t.rev} ({proc.stderr.strip()})",
-            hint=f"delete {t.repo} so it is materialized again",
+            f"{t.repo} has no revision {t.rev}", hint=f"delete {t.repo} so it is materialized again"
         )
-    return proc.stdout.strip()
+    return commit

@@ -30,12 +30,12 @@ from __future__ import annotations
 import json
 import re
 import shutil
-import subprocess
 from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
+from fp4series import gitops
 from fp4series.checkout import wait_at
 from fp4series.errors import SeriesError
 from fp4series.export import _existing_stems, patch_stem
@@ -178,15 +178,12 @@ def judge_series(
     trees = []
     for t in (release, source):
         repo.borrow(t.repo)
-        proc = subprocess.run(
-            ["git", "rev-parse", f"{t.rev}^{{tree}}"], cwd=t.repo, capture_output=True, text=True
-        )
-        if proc.returncode != 0:
+        tree = gitops.rev(t.repo, f"{t.rev}^{{tree}}")
+        if tree is None:
             raise SeriesError(
-                f"{t.repo} has no {t.rev} ({proc.stderr.strip()})",
-                hint=f"remove {t.repo} so that it is materialized again",
+                f"{t.repo} has no {t.rev}", hint=f"remove {t.repo} so that it is materialized again"
             )
-        trees.append(proc.stdout.strip())
+        trees.append(tree)
     return check_tree(repo, docs, trees[0], trees[1])
 
 

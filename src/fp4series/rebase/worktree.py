@@ -15,6 +15,7 @@ from pathlib import Path
 
 from git import Repo
 
+from fp4series import gitops
 from fp4series.errors import SeriesError, machine_hint
 from fp4series.gitops import ABORT_COMMANDS, operation_in_progress
 from fp4series.rebase.repo import _offsets
@@ -22,7 +23,6 @@ from fp4series.rebase.repo import _offsets
 BRANCH = "fp4series-rebase"
 SOURCE_BASE_REF = "refs/fp4series/source-base"
 UNMERGED = {"DD", "AU", "UD", "UA", "DU", "AA", "UU"}
-_GIT_LOCATION = ("GIT_DIR", "GIT_WORK_TREE", "GIT_INDEX_FILE")
 
 
 class WorkCheckout:
@@ -34,9 +34,7 @@ class WorkCheckout:
     def clone(
         cls, path: Path, release_repo: str, tag: str, source_repo: str, source_tag: str
     ) -> WorkCheckout:
-        proc = subprocess.run(
-            ["git", "clone", "-q", release_repo, str(path)], capture_output=True, text=True
-        )
+        proc = gitops.run(None, "clone", "-q", release_repo, str(path))
         if proc.returncode != 0:
             raise SeriesError(
                 f"git clone {release_repo} failed: {proc.stderr.strip()}",
@@ -59,17 +57,7 @@ class WorkCheckout:
         env: dict[str, str] | None = None,
         check: bool = True,
     ) -> subprocess.CompletedProcess[str]:
-        full = {k: v for k, v in os.environ.items() if k not in _GIT_LOCATION}
-        proc = subprocess.run(
-            ["git", *args],
-            cwd=self.path,
-            input=stdin,
-            capture_output=True,
-            text=True,
-            encoding="utf-8",
-            errors="surrogateescape",
-            env={**full, **(env or {})},
-        )
+        proc = gitops.run(self.path, *args, input=stdin, env=env)
         if check and proc.returncode != 0:
             said = proc.stderr.strip()
             raise SeriesError(
