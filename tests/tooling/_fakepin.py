@@ -19,6 +19,8 @@ from fp4series.lock import Lock, load_lock
 from fp4series.progress import quiet
 
 WHEEL = "sglang-0.5.11-cp311-cp311-manylinux_2_34_x86_64.whl"
+P1 = "0001-change-value-ten.patch"  # the two patches make_env exports
+P2 = "0002-return-two-and-add-new-module.patch"
 A_PY = "".join(f"value_{i} = {i}\n" for i in range(1, 41))
 B_PY = "def existing():\n    return 1\n"
 K_H = "".join(f"int kernel_line_{i} = {i};\n" for i in range(1, 31))
@@ -201,3 +203,12 @@ def tree_fingerprint(repo: Path) -> dict[str, str]:
     out["<HEAD>"] = git(repo, "rev-parse", "HEAD")
     out["<status>"] = git(repo, "status", "--porcelain", "--untracked-files=all")
     return out
+
+
+def snapshot(directory: Path) -> dict[str, str]:
+    """sha256 of each file directly in DIRECTORY, by name: what "not one byte changed" means."""
+    return {
+        p.name: hashlib.sha256(p.read_bytes()).hexdigest()
+        for p in sorted(directory.iterdir())
+        if p.is_file()
+    }

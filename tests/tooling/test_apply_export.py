@@ -7,23 +7,13 @@ import shutil
 from pathlib import Path
 
 import pytest
-from _fakepin import Env, edit, git, isolate_git, make_env, settle, tree_fingerprint
+from _fakepin import Env, edit, git, settle, tree_fingerprint
 
 from fp4series import cli, export
 from fp4series.apply import apply_series
 from fp4series.errors import SeriesError
 from fp4series.progress import quiet
 from fp4series.series import load_series
-
-
-@pytest.fixture(autouse=True)
-def _git(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
-    isolate_git(monkeypatch, tmp_path)
-
-
-@pytest.fixture
-def env(tmp_path: Path) -> Env:
-    return make_env(tmp_path)
 
 
 def run_apply(env: Env, checkout: Path, **kw):

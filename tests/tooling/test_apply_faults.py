@@ -35,7 +35,6 @@ from _fakepin import (
     default_signals,
     edit,
     git,
-    isolate_git,
     make_env,
     settle,
     tree_fingerprint,
@@ -50,11 +49,6 @@ POINTS = checkout.PAUSE_POINTS
 BEFORE_WRITE = ("scratch", "applied", "index-locked", "before-read-tree")  # files not yet written
 GUARDED = ("index-locked", "before-read-tree", "worktree-updated", "ref-moved")  # install's
 SUBJECTS = ["[Quant] Return two and add new module", "[Quant] Change value ten"]
-
-
-@pytest.fixture(autouse=True)
-def _git(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
-    isolate_git(monkeypatch, tmp_path)
 
 
 @pytest.fixture(scope="module")

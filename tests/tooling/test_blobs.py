@@ -7,7 +7,7 @@ import subprocess
 from pathlib import Path
 
 import pytest
-from _fakepin import Env, commit, edit, git, isolate_git, make_env
+from _fakepin import Env, commit, edit, git
 
 from fp4series import cli, export
 from fp4series.blobs import blob_id, blob_mismatches, check_series_blobs
@@ -20,16 +20,6 @@ from fp4series.series import load_series
 
 A_PY = "python/sglang/srt/a.py"
 NEW_PY = "python/sglang/srt/new.py"
-
-
-@pytest.fixture(autouse=True)
-def _git(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
-    isolate_git(monkeypatch, tmp_path)
-
-
-@pytest.fixture
-def env(tmp_path: Path) -> Env:
-    return make_env(tmp_path)
 
 
 def test_authored_commits_match_their_patches(env: Env) -> None:

@@ -250,24 +250,11 @@ def fake_sglang(root: Path, template: str = "// v1\n") -> Path:
     return sg
 
 
-def fake_tools(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> tuple[Path, Path]:
-    """A 'python' that only logs its worker calls, and an 'nvcc' that prints a version."""
-    log = tmp_path / "calls.log"
-    py = tmp_path / "fakepy"
-    py.write_text(f'#!/bin/sh\necho "$@" >> {log}\necho built\n')
-    nvcc = tmp_path / "nvcc"
-    nvcc.write_text("#!/bin/sh\necho 'Cuda compilation tools, release 13.0'\n")
-    for f in (py, nvcc):
-        f.chmod(0o755)
-    monkeypatch.setattr(compile_check.shutil, "which", lambda name: str(nvcc))
-    return py, log
-
-
 def test_compile_check_builds_once_then_uses_the_stamp(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    tmp_path: Path, fake_tools: tuple[Path, Path]
 ) -> None:
     sg = fake_sglang(tmp_path)
-    py, log = fake_tools(tmp_path, monkeypatch)
+    py, log = fake_tools
     targets = [compile_check.Target.parse("gptq_marlin:bf16:sm_90")]
     kw = {"python": py, "sglang_dir": sg, "cache_dir": tmp_path / "cache",
           "build_root": tmp_path / "jit"}  # fmt: skip
@@ -287,10 +274,9 @@ def test_compile_check_builds_once_then_uses_the_stamp(
 
 
 def test_compile_check_failure_writes_no_stamp(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    tmp_path: Path, fake_tools: tuple[Path, Path]
 ) -> None:
     sg = fake_sglang(tmp_path)
-    _, _ = fake_tools(tmp_path, monkeypatch)
     bad = tmp_path / "badpy"
     bad.write_text("#!/bin/sh\necho 'error: identifier undefined' >&2\nexit 1\n")
     bad.chmod(0o755)

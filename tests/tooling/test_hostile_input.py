@@ -10,7 +10,7 @@ import sys
 from pathlib import Path
 
 import pytest
-from _fakepin import Env, git, isolate_git, make_env
+from _fakepin import P2, Env, git
 
 from fp4series import cli, paths
 from fp4series.errors import SeriesError
@@ -21,17 +21,6 @@ from fp4series.series import load_series
 
 ROOT = Path(__file__).resolve().parents[2]
 P1 = "0001-change-value-ten.patch"
-P2 = "0002-return-two-and-add-new-module.patch"
-
-
-@pytest.fixture(autouse=True)
-def _git(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
-    isolate_git(monkeypatch, tmp_path)
-
-
-@pytest.fixture
-def env(tmp_path: Path) -> Env:
-    return make_env(tmp_path)
 
 
 def lint(env: Env) -> str:

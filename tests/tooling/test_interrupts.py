@@ -9,7 +9,6 @@ ignored must not change what they do), and are stopped at named pause points
 from __future__ import annotations
 
 import fcntl
-import hashlib
 import os
 import shutil
 import signal
@@ -19,31 +18,13 @@ import time
 from pathlib import Path
 
 import pytest
-from _fakepin import Env, default_signals, git, isolate_git, make_env
+from _fakepin import P2, Env, default_signals, git, snapshot
 
 from fp4series import build, cli, errors, export
 from fp4series.progress import quiet
 
 SRC = Path(__file__).resolve().parents[2] / "src"
-P2 = "0002-return-two-and-add-new-module.patch"
-
-
-@pytest.fixture(autouse=True)
-def _git(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
-    isolate_git(monkeypatch, tmp_path)
-
-
-@pytest.fixture
-def env(tmp_path: Path) -> Env:
-    env = make_env(tmp_path)
-    git(env.root, "init", "-q")
-    git(env.root, "add", "patches")
-    git(env.root, "commit", "-qm", "series")
-    return env
-
-
-def snapshot(directory: Path) -> dict[str, str]:
-    return {p.name: hashlib.sha256(p.read_bytes()).hexdigest() for p in directory.iterdir()}
+pytestmark = pytest.mark.committed_project
 
 
 def start(argv: list[str], point: str, pause_dir: Path, cwd: Path) -> subprocess.Popen:

@@ -7,7 +7,7 @@ import json
 from pathlib import Path
 
 import pytest
-from _fakepin import Env, isolate_git, make_env
+from _fakepin import P2, Env
 
 from fp4series import cli
 from fp4series.errors import SeriesError
@@ -15,18 +15,7 @@ from fp4series.lint import Problem, lint_paths, rebased_from_problem, status_pro
 from fp4series.patchid import patch_identity, stable_patch_id
 
 P1 = "0001-change-value-ten.patch"
-P2 = "0002-return-two-and-add-new-module.patch"
 PID = "3f2c" + "0" * 36
-
-
-@pytest.fixture(autouse=True)
-def _git(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
-    isolate_git(monkeypatch, tmp_path)
-
-
-@pytest.fixture
-def env(tmp_path: Path) -> Env:
-    return make_env(tmp_path)
 
 
 def _rewrite(path: Path, old: str, new: str) -> None:

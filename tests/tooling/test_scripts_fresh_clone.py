@@ -14,14 +14,9 @@ import subprocess
 from pathlib import Path
 
 import pytest
-from _fakepin import Env, isolate_git, make_env
+from _fakepin import Env, make_env
 
 PROJECT = Path(__file__).resolve().parents[2]
-
-
-@pytest.fixture(autouse=True)
-def _git(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
-    isolate_git(monkeypatch, tmp_path)
 
 
 def fresh_copy(dest: Path) -> Path:

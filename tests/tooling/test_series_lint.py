@@ -6,7 +6,7 @@ import re
 from pathlib import Path
 
 import pytest
-from _fakepin import Env, isolate_git, make_env
+from _fakepin import P2, Env
 
 from fp4series import cli
 from fp4series.errors import SeriesError
@@ -15,17 +15,6 @@ from fp4series.patch import ZERO_ID, parse_patch
 from fp4series.series import load_series
 
 P1 = "0001-change-value-ten.patch"
-P2 = "0002-return-two-and-add-new-module.patch"
-
-
-@pytest.fixture(autouse=True)
-def _git(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
-    isolate_git(monkeypatch, tmp_path)
-
-
-@pytest.fixture
-def env(tmp_path: Path) -> Env:
-    return make_env(tmp_path)
 
 
 def lint(env: Env, *files: Path) -> list[str]:
