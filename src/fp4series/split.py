@@ -462,10 +462,15 @@ def test_placements(unit: Unit) -> list[TestPlacement]:
     return out
 
 
+SHARED_TEST_HELPERS = "tests/sglang"  # the SGLang CPU harness every line's tests import
+
+
 def _support_files(project: Path, src: Path) -> list[Path]:
-    """conftest.py beside SRC and the sibling modules SRC or they import (helpers, or another
-    test file whose builders a test reuses)."""
+    """conftest.py beside SRC and the modules SRC or they import, found beside it or in the
+    shared SGLang CPU harness (SHARED_TEST_HELPERS): helpers, or another test file whose
+    builders a test reuses. They are placed beside the test."""
     here = src.parent
+    folders = [here, project / SHARED_TEST_HELPERS]
     found: list[Path] = []
     todo = [src] + ([here / "conftest.py"] if (here / "conftest.py").is_file() else [])
     while todo:
@@ -476,8 +481,8 @@ def _support_files(project: Path, src: Path) -> list[Path]:
         for name in re.findall(r"^\s*(?:from|import)\s+(\w+)", text, re.M) + re.findall(
             r"import_module\(\"(\w+)\"\)", text
         ):
-            cand = here / f"{name}.py"
-            if cand.is_file() and cand not in found and cand != src:
+            cand = next((d / f"{name}.py" for d in folders if (d / f"{name}.py").is_file()), None)
+            if cand is not None and cand not in found and cand != src:
                 todo.append(cand)
     return found
 
