@@ -21,7 +21,8 @@ CPU machine sees them, the custom ops also registered for CPU tensors. Everythin
 tests drive (config parsing, scheme selection, weight creation, loaders, processing after
 loading) is SGLang's own code. The checkpoints (``CHECKPOINTS``: the configs under
 tests/data/nvfp4-configs) and independent decoders of what the Marlin FP4 kernels read are
-here too, so no line carries a copy.
+here too, so no line carries a copy. A line's conftest.py is one call: ``conftest(globals(),
+LINE)`` defines its hooks and fixtures there.
 """
 
 from __future__ import annotations
@@ -540,3 +541,53 @@ def marlin_scale_layout(s_nk: torch.Tensor) -> torch.Tensor:
         src = q // 8 + 8 * (q % 8)
         out[:, p::64] = s_nk[src::64, :].T
     return out
+
+
+# ------------------------------------------------------------------------ a line's conftest
+
+
+def conftest(namespace: dict, line: Line, *, check_version: bool) -> None:
+    """Define LINE's hooks and fixtures in a conftest module's NAMESPACE (its globals()):
+    session start (version check, scalar types, preloads, CPU ops), the report header and the
+    matrix's closing count, ``record_cell``, ``cuda_device`` and, on a line with a runtime
+    context, ``published``."""
+
+    def pytest_sessionstart(session: pytest.Session) -> None:
+        start_session(line, check_version=check_version)
+
+    def pytest_report_header(config) -> str:
+        return report_header(line)
+
+    def pytest_terminal_summary(terminalreporter, exitstatus, config) -> None:
+        terminal_summary(line, terminalreporter, config)
+
+    @pytest.fixture
+    def record_cell(request: pytest.FixtureRequest) -> Callable[[], None]:
+        """Call after a matrix cell's assertions passed; the count is printed at the end."""
+        return record_cell_fixture(request)
+
+    @pytest.fixture
+    def cuda_device(request: pytest.FixtureRequest, monkeypatch) -> Iterator[FakeCudaDevice]:
+        """Make all of SGLang see one CUDA GPU of a chosen capability: parametrize indirectly
+        with ``(major, minor)``; default (9, 0) (mock_cuda_device)."""
+        yield from mock_cuda_device(line, request, monkeypatch)
+
+    namespace.update(
+        pytest_sessionstart=pytest_sessionstart,
+        pytest_report_header=pytest_report_header,
+        pytest_terminal_summary=pytest_terminal_summary,
+        record_cell=record_cell,
+        cuda_device=cuda_device,
+        FakeCudaDevice=FakeCudaDevice,
+        DATA_DIR=DATA_DIR,
+        DEVICE_NAMES=DEVICE_NAMES,
+        LINE=line,
+    )
+    if line.runtime_context:
+
+        def published_fixture(cuda_device):
+            """``published(fp4_gemm_runner_backend=..., moe_runner_backend=...)``: a context
+            manager that publishes those server args on the mocked GPU."""
+            return functools.partial(published, line)
+
+        namespace["published"] = pytest.fixture(name="published")(published_fixture)

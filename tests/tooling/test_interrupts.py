@@ -193,30 +193,32 @@ def _pending_sigint() -> None:
     os.kill(os.getpid(), signal.SIGINT)
 
 
+STARTING = (
+    "error: interrupted while starting; nothing was done\n"
+    "  what to do: run the same command again\n"
+)
+
+
+def started_with_ctrl_c_pending(argv: list[str], **environ: str) -> subprocess.CompletedProcess:
+    """ARGV run with a Ctrl-C already pending (and SIGINT blocked) when it starts."""
+    env = {k: v for k, v in os.environ.items() if k != errors.SIGINT_BLOCKED_ENV}
+    return subprocess.run(
+        argv,
+        env={**env, **environ},
+        capture_output=True,
+        text=True,
+        preexec_fn=_pending_sigint,
+        check=False,
+    )
+
+
 def test_ctrl_c_during_python_start_up_waits_for_one_line() -> None:
-    environ = {**os.environ, "PYTHONPATH": str(SRC), errors.SIGINT_BLOCKED_ENV: "1"}
-    proc = subprocess.run(
-        [sys.executable, "-m", "fp4series", "lint", "--help"],
-        env=environ,
-        capture_output=True,
-        text=True,
-        preexec_fn=_pending_sigint,
-        check=False,
-    )
+    argv = [sys.executable, "-m", "fp4series", "lint", "--help"]
+    ours = {errors.SIGINT_BLOCKED_ENV: "1"}  # as scripts/*.sh start it
+    proc = started_with_ctrl_c_pending(argv, PYTHONPATH=str(SRC), **ours)
     assert proc.returncode == 130, proc.stderr
-    assert proc.stderr == (
-        "error: interrupted while starting; nothing was done\n"
-        "  what to do: run the same command again\n"
-    )
-    environ.pop(errors.SIGINT_BLOCKED_ENV)  # a block fp4series did not ask for stays
-    proc = subprocess.run(
-        [sys.executable, "-m", "fp4series", "lint", "--help"],
-        env=environ,
-        capture_output=True,
-        text=True,
-        preexec_fn=_pending_sigint,
-        check=False,
-    )
+    assert proc.stderr == STARTING
+    proc = started_with_ctrl_c_pending(argv, PYTHONPATH=str(SRC))  # a block not ours stays
     assert proc.returncode == 0 and proc.stderr == ""
 
 
@@ -227,21 +229,10 @@ def test_ctrl_c_during_python_start_up_waits_for_one_line() -> None:
 def test_scripts_start_python_so_that_an_early_ctrl_c_is_one_line() -> None:
     """A Ctrl-C already pending when the script execs python (PY_START: SIGINT blocked) is
     reported by fp4series, once; every script starts its python that way."""
-    environ = {**os.environ, "FP4SERIES_PYTHON": sys.executable}
-    environ.pop(errors.SIGINT_BLOCKED_ENV, None)
-    proc = subprocess.run(
-        [str(ROOT / "scripts" / "lint-patches.sh"), "--help"],
-        env=environ,
-        capture_output=True,
-        text=True,
-        preexec_fn=_pending_sigint,
-        check=False,
-    )
+    script = str(ROOT / "scripts" / "lint-patches.sh")
+    proc = started_with_ctrl_c_pending([script, "--help"], FP4SERIES_PYTHON=sys.executable)
     assert proc.returncode == 130, proc.stderr
-    assert proc.stderr == (
-        "error: interrupted while starting; nothing was done\n"
-        "  what to do: run the same command again\n"
-    )
+    assert proc.stderr == STARTING
     for script in sorted((ROOT / "scripts").glob("*.sh")):
         for line in script.read_text().splitlines():
             if "-m fp4series" in line and not line.lstrip().startswith("#"):

@@ -26,45 +26,41 @@ from fp4series.series import SERIES_FILE
 Edit = Callable[[Env], None]
 
 
-def rewrite(name: str, old: str, new: str, count: int = 1) -> Edit:
-    """An edit of patch NAME's text (OLD must be there)."""
+def text_edit(name: str, change: Callable[[str], str]) -> Edit:
+    """An edit of file NAME of the series directory, by CHANGE of its text."""
 
     def edit(env: Env) -> None:
         path = env.patches / name
-        text = path.read_text()
-        assert old in text, old
-        path.write_text(text.replace(old, new, count))
+        path.write_text(change(path.read_text()) if path.exists() else change(""))
 
     return edit
+
+
+def rewrite(name: str, old: str, new: str) -> Edit:
+    """Patch NAME with OLD (which must be there) replaced by NEW, once."""
+
+    def change(text: str) -> str:
+        assert old in text, old
+        return text.replace(old, new, 1)
+
+    return text_edit(name, change)
 
 
 def regex(name: str, pattern: str, new: str) -> Edit:
-    def edit(env: Env) -> None:
-        path = env.patches / name
-        text, n = re.subn(pattern, new, path.read_text(), count=1, flags=re.M)
+    def change(text: str) -> str:
+        text, n = re.subn(pattern, new, text, count=1, flags=re.M)
         assert n == 1, pattern
-        path.write_text(text)
+        return text
 
-    return edit
+    return text_edit(name, change)
 
 
 def series(text: str) -> Edit:
-    def edit(env: Env) -> None:
-        (env.patches / SERIES_FILE).write_text(text)
-
-    return edit
+    return text_edit(SERIES_FILE, lambda _old: text)
 
 
 def nothing(env: Env) -> None:
     """The series as exported: passes every check."""
-
-
-def both(*edits: Edit) -> Edit:
-    def edit(env: Env) -> None:
-        for one in edits:
-            one(env)
-
-    return edit
 
 
 SUBJECT = "[Quant] Return two and add new module"
