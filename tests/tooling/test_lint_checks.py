@@ -59,6 +59,14 @@ def series(text: str) -> Edit:
     return text_edit(SERIES_FILE, lambda _old: text)
 
 
+def both(*edits: Edit) -> Edit:
+    def edit(env: Env) -> None:
+        for one in edits:
+            one(env)
+
+    return edit
+
+
 def nothing(env: Env) -> None:
     """The series as exported: passes every check."""
 
@@ -142,6 +150,19 @@ CHECKS = [
         rewrite(P2, STATUS, "Upstream-Status: Backport [0.5.13]"),
         rewrite(P2, STATUS, "Upstream-Status: Backport [soon]"),
         "Backport [commit or version] must name where upstream has it",
+    ),
+    Check(
+        "backport-adapted-lists-differences",
+        both(
+            rewrite(P2, STATUS, "Upstream-Status: Backport [0.5.13, adapted]"),
+            rewrite(
+                P2,
+                "\nUpstream-Status:",
+                "\nDifferences from upstream:\n- pads N\n\nUpstream-Status:",
+            ),
+        ),
+        rewrite(P2, STATUS, "Upstream-Status: Backport [0.5.13, adapted]"),
+        "an adapted Backport must list every difference from upstream",
     ),
     Check(
         "tests-present",
