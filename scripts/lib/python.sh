@@ -31,7 +31,7 @@ else
   fi
   rc=0
   FP4SERIES_OURS_RUNNING=1
-  PYTHONPATH="$ROOT/src" ${PY_START[@]+"${PY_START[@]}"} "$BOOT" -m fp4series.build tooling-venv >&2 || rc=$?
+  PYTHONPATH="$ROOT/src" ${PY_START[@]+"${PY_START[@]}"} "$BOOT" -m fp4series.commands.venv tooling-venv >&2 || rc=$?
   FP4SERIES_OURS_RUNNING=
   [ "$rc" -ne 130 ] || exit 130
   [ "$rc" -eq 0 ] || fp4series_die "could not create $ROOT/.work/tooling-venv (see above)" \

@@ -1,7 +1,8 @@
 """One exception type for every failure a user can act on, and the one place that turns the
 machine's failures (full disk, read-only files, a git command that failed) into it.
 
-Stdlib-only: the bootstrap (``python -m fp4series.build venv``) imports it before gitpython exists.
+Stdlib-only: the bootstrap (``python -m fp4series.commands.venv venv``) imports it before
+gitpython exists.
 """
 
 from __future__ import annotations

@@ -8,18 +8,13 @@ this, the rebase check stacks patches by it. Patches come from fp4series.patch (
 
 from __future__ import annotations
 
-import argparse
-import json
 import re
-import sys
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
 from fp4series.errors import SeriesError
 from fp4series.patch import FileDiff, Hunk, Patch, line_kind
-from fp4series.paths import default_patches_dir
-from fp4series.series import SERIES_FILE, load_series, require_names
 
 # ---------------------------------------------------------------------------------------------
 # Line bookkeeping and overlaps
@@ -287,51 +282,3 @@ def format_overlaps(overlaps: Sequence[Overlap]) -> str:
             f"{rs(ov.earlier_ranges)} (its post-image)"
         )
     return "\n".join(lines)
-
-
-def cmd_overlap(args: argparse.Namespace) -> int:
-    docs = load_series(Path(args.patches_dir))
-    if not docs and not args.patches:
-        raise SeriesError(
-            f"{args.patches_dir} holds no series (no {SERIES_FILE} file listing patches), "
-            "so there is nothing to compare",
-            hint="pass --patches-dir with the directory holding series and NNNN-*.patch "
-            f"(default: the project's {default_patches_dir()})",
-        )
-    overlaps = compute_overlaps(docs)
-    if args.patches:
-        require_names(docs, args.patches)
-        wanted = set(args.patches)
-        names = {d.name for d in docs if d.name in wanted or d.stem in wanted}
-        overlaps = [o for o in overlaps if o.earlier in names or o.later in names]
-    if args.json:
-        json.dump([o.as_dict() for o in overlaps], sys.stdout, indent=2)
-        sys.stdout.write("\n")
-    else:
-        print(format_overlaps(overlaps))
-        why = explain_dependencies(docs)
-        rows = [
-            f"  {later} needs {earlier}: {'; '.join(reasons)}"
-            for later, deps in why.items()
-            for earlier, reasons in deps.items()
-        ]
-        print("\nPR order constraints (why each patch needs an earlier one):")
-        print("\n".join(rows) if rows else "  none: every patch stands on the pin alone")
-    return 0
-
-
-def register_overlap(subparsers: argparse._SubParsersAction) -> None:
-    p = subparsers.add_parser(
-        "overlap",
-        help="show which lines two patches both touch (so PRs can be ordered)",
-        description=format_overlaps.__doc__,
-    )
-    p.add_argument(
-        "--patches-dir",
-        type=Path,
-        default=default_patches_dir(),
-        help="directory with series + patches (default: the project's patches/, from any cwd)",
-    )
-    p.add_argument("patches", nargs="*", help="limit to pairs involving these patches")
-    p.add_argument("--json", action="store_true", help="print JSON instead of text")
-    p.set_defaults(func=cmd_overlap)

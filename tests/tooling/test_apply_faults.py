@@ -78,7 +78,7 @@ def env(template: Env, tmp_path: Path) -> Env:
 
 def apply_cmd(env: Env, co: Path, *extra: str) -> list[str]:
     return [
-        sys.executable, "-m", "fp4series", "apply", str(co), "--patches", str(env.patches),
+        sys.executable, "-m", "fp4series", "apply", str(co), "--patches-dir", str(env.patches),
         "--lock", str(env.lock.path), "--cache-dir", str(env.cache), *extra,
     ]  # fmt: skip
 
@@ -878,7 +878,7 @@ def test_failure_hint_lists_every_patch_left_and_following_it_applies_them_all(
     assert series_on_top(co)
     assert git(co, "log", "-1", "--format=%s", "HEAD~2") == "conflicting change\n"
     out_dir = co.parent / "exported"  # the export the hint names keeps the series' numbering
-    argv = ["export", str(co), "--patches", str(out_dir), "--lock", str(env.lock.path)]
+    argv = ["export", str(co), "--patches-dir", str(out_dir), "--lock", str(env.lock.path)]
     assert cli.main([*argv, "--cache-dir", str(env.cache), "--base", mine[:12]]) == 0
     assert sorted(p.name for p in out_dir.glob("*.patch")) == names
 
@@ -1045,7 +1045,7 @@ def test_read_only_checkout_for_another_user_is_a_message(env: Env) -> None:
         }
         cmd = [
             "runuser", "-u", "nobody", "--", "PYTHON", "-m", "fp4series", "apply", str(co),
-            "--patches", str(base / "patches"), "--lock", str(base / "upstream.lock"),
+            "--patches-dir", str(base / "patches"), "--lock", str(base / "upstream.lock"),
             "--cache-dir", str(base / "cache"),
         ]  # fmt: skip
         usable = [

@@ -147,7 +147,7 @@ def test_without_the_pin_the_blob_check_says_it_was_skipped(env: Env) -> None:
 
 
 def test_lint_cli_blobs_flag(env: Env, capsys: pytest.CaptureFixture) -> None:
-    argv = ["lint", "--patches", str(env.patches), "--root", str(env.root)]
+    argv = ["lint", "--patches-dir", str(env.patches), "--root", str(env.root)]
     assert cli.main(argv) == 0
     assert "note: blob check skipped" in capsys.readouterr().err
     assert cli.main([*argv, "--blobs"]) == 1

@@ -116,7 +116,7 @@ def test_repack_refuses_a_base_that_is_not_the_wheel(tmp_path: Path, need_wheel_
             src, {"sglang/a.py": b"x\n"}, tmp_path / "out", local_version=None,
             expected_old={"sglang/a.py": digest(b"A = 0  # some other release\n")},
         )  # fmt: skip
-    assert "--allow-mismatched-base" in info.value.hint
+    assert "--allow-base-mismatch" in info.value.hint
     assert not list((tmp_path / "out").glob("*.whl"))
 
 

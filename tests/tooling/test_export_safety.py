@@ -62,7 +62,7 @@ def test_export_of_a_bare_pin_is_refused_unless_allow_empty(
 ) -> None:
     bare = env.clone("bare")
     before = snapshot(env.patches)
-    argv = ["export", str(bare), "--patches", str(env.patches), "--lock", str(env.lock.path)]
+    argv = ["export", str(bare), "--patches-dir", str(env.patches), "--lock", str(env.lock.path)]
     assert cli.main([*argv, "--cache-dir", str(env.cache)]) == 1
     err = capsys.readouterr().err
     assert "has no commits on top of the pin" in err and "--allow-empty" in err
@@ -148,7 +148,7 @@ def test_a_base_above_the_pin_that_would_delete_patches_is_refused_listing_them(
 ) -> None:
     work = env.root / "authoring"
     before = snapshot(env.patches)
-    argv = ["export", str(work), "--patches", str(env.patches), "--lock", str(env.lock.path)]
+    argv = ["export", str(work), "--patches-dir", str(env.patches), "--lock", str(env.lock.path)]
     argv += ["--cache-dir", str(env.cache), "--base", "HEAD~1"]
     assert cli.main(argv) == 1
     err = capsys.readouterr().err

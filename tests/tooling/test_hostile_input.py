@@ -154,7 +154,7 @@ def apply_refusal(env: Env, capsys: pytest.CaptureFixture) -> str:
     """apply on a fresh clone of the pin: its refusal (stderr); the clone is left as it was."""
     co = env.clone("co")
     head = git(co, "rev-parse", "HEAD")
-    argv = ["apply", str(co), "--patches", str(env.patches), "--lock", str(env.lock.path)]
+    argv = ["apply", str(co), "--patches-dir", str(env.patches), "--lock", str(env.lock.path)]
     assert cli.main([*argv, "--cache-dir", str(env.cache)]) == 1
     assert git(co, "rev-parse", "HEAD") == head and git(co, "status", "--porcelain") == ""
     return capsys.readouterr().err

@@ -50,7 +50,7 @@ def start(argv: list[str], point: str, pause_dir: Path, cwd: Path) -> subprocess
 
 def export_argv(env: Env, work: Path) -> list[str]:
     return [
-        "export", str(work), "--patches", str(env.patches), "--lock", str(env.lock.path),
+        "export", str(work), "--patches-dir", str(env.patches), "--lock", str(env.lock.path),
         "--cache-dir", str(env.cache),
     ]  # fmt: skip
 
@@ -167,12 +167,12 @@ def test_a_second_prepare_checkout_waits_for_the_first(tmp_path: Path) -> None:
 def test_sigint_while_a_command_runs_names_it_and_what_to_run_next(
     monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture
 ) -> None:
-    from fp4series import rebase_series
+    from fp4series.replay import rebase
 
     def interrupted(_args: object) -> int:
         raise KeyboardInterrupt
 
-    monkeypatch.setattr(rebase_series, "cmd_rebase", interrupted)
+    monkeypatch.setattr(rebase, "run", interrupted)
     assert cli.main(["rebase", "--status"]) == 130
     err = capsys.readouterr().err
     assert err.startswith("error: rebase was interrupted\n"), err

@@ -274,7 +274,7 @@ def test_default_matrix_absent_is_a_note_given_one_missing_an_error(env: Env) ->
 
 def test_cli_matrix_options_and_warnings(env: Env, capsys: pytest.CaptureFixture[str]) -> None:
     elsewhere = write_matrix(env, UPSTREAM_P1).rename(env.root / "m.json")
-    argv = ["lint", "--patches", str(env.patches), "--root", str(env.root)]
+    argv = ["lint", "--patches-dir", str(env.patches), "--root", str(env.root)]
     assert cli.main(argv) == 0  # default matrix absent: a note
     assert "cross-check skipped: no matrix" in capsys.readouterr().err
     assert cli.main([*argv, "--matrix", str(elsewhere)]) == 1

@@ -166,10 +166,10 @@ def test_overlap_cli_json(tmp_path: Path, capsys: pytest.CaptureFixture[str]) ->
     out = series(
         tmp_path, [("a", {"f.txt": a}, ""), ("b", {"f.txt": sub(a, "line 20 A\n", "B\n")}, "")]
     )
-    from fp4series import split
+    from fp4series.commands import overlap as overlap_command
 
     parser = argparse.ArgumentParser()
-    split.register(parser.add_subparsers())
+    overlap_command.register(parser.add_subparsers())
     args = parser.parse_args(["overlap", "--patches-dir", str(out), "--json"])
     assert args.func(args) == 0
     data = json.loads(capsys.readouterr().out)

@@ -13,14 +13,14 @@ from pathlib import Path
 import _fakepin as fakepin
 import pytest
 
-from fp4series import rebase_check as rc
+from fp4series.commands import rebase_check as rc
 from fp4series.errors import SeriesError
+from fp4series.judging.matrix import Matrix, Target, run_matrix
+from fp4series.judging.policy import apply_policy, load_baseline
+from fp4series.judging.render import to_markdown
+from fp4series.judging.repo import JudgeRepo
+from fp4series.judging.verdict import PatchResult, Verdict
 from fp4series.patch import parse_patch
-from fp4series.rebase.matrix import Matrix, Target, run_matrix
-from fp4series.rebase.policy import apply_policy, load_baseline
-from fp4series.rebase.render import to_markdown
-from fp4series.rebase.repo import JudgeRepo
-from fp4series.rebase.verdict import PatchResult, Verdict
 from fp4series.series import load_series
 
 ENV = {**fakepin.IDENTITY, **fakepin.FIXED_DATES}

@@ -67,7 +67,7 @@ def test_fresh_clone_runs_the_scripts_without_an_environment(tmp_path: Path) -> 
     assert not (root / ".work" / "venv").exists()
 
     check = script(
-        "apply.sh", "--check", str(co), "--patches", str(pin.patches),
+        "apply.sh", "--check", str(co), "--patches-dir", str(pin.patches),
         "--lock", str(pin.lock.path), "--cache-dir", str(pin.cache),
     )  # fmt: skip
     assert check.returncode == 0, check.stdout + check.stderr

@@ -123,7 +123,7 @@ def test_missing_trailers_and_series_problems(env: Env) -> None:
 
 
 def test_lint_cli_exit_codes(env: Env, capsys: pytest.CaptureFixture) -> None:
-    argv = ["lint", "--patches", str(env.patches), "--root", str(env.root)]
+    argv = ["lint", "--patches-dir", str(env.patches), "--root", str(env.root)]
     assert cli.main(argv) == 0
     _rewrite(env.patches / P1, "What:\n", "Whatever:\n")
     assert cli.main(argv) == 1

@@ -14,6 +14,7 @@ import _fakepin as fakepin
 import pytest
 
 from fp4series import split as sp
+from fp4series.commands import split as split_command
 from fp4series.errors import SeriesError
 from fp4series.series import load_series
 
@@ -273,9 +274,9 @@ def test_cli_prints_commands_never_pushes(
     _write_pin_lock(root)
     monkeypatch.setenv("FP4SERIES_ROOT", str(root))
     parser = argparse.ArgumentParser()
-    sp.register(parser.add_subparsers())
+    split_command.register(parser.add_subparsers())
     args = parser.parse_args(
-        ["split", str(world["target"]), "--patches-dir", str(world["patches"]), "--patches", "grp"]
+        ["split", str(world["target"]), "--patches-dir", str(world["patches"]), "--only", "grp"]
     )
     assert args.func(args) == 0
     out = capsys.readouterr().out
@@ -357,21 +358,21 @@ def test_base_on_a_newer_release_fetched_into_the_repo(world: dict[str, Path]) -
 def test_cli_clones_the_materialized_pin_when_repo_is_missing(
     world: dict[str, Path], monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    from fp4series import rebase_check
+    from fp4series import upstream
 
     root = world["root"]
     _write_pin_lock(root)
     monkeypatch.setenv("FP4SERIES_ROOT", str(root))
     monkeypatch.setattr(
-        rebase_check,
+        upstream,
         "prepare_release",
-        lambda lock, version, work, cache: rebase_check.Target(version, world["pin"], "v0.0.1"),
+        lambda lock, version, work, cache: upstream.Target(version, world["pin"], "v0.0.1"),
     )
     parser = argparse.ArgumentParser()
-    sp.register(parser.add_subparsers())
+    split_command.register(parser.add_subparsers())
     fresh = root / "fresh" / "repo"
     args = parser.parse_args(
-        ["split", str(fresh), "--patches-dir", str(world["patches"]), "--patches", "other-b"]
+        ["split", str(fresh), "--patches-dir", str(world["patches"]), "--only", "other-b"]
     )
     assert args.func(args) == 0
     assert subjects(fresh, "nvfp4-marlin/other-b") == ["[Quant] Other b"]
@@ -685,7 +686,7 @@ def test_cli_line_combination_patches_dir_and_base(
 ) -> None:
     """What the lead's --line 0.0.2 maps to: --patches-dir patches/0.0.2 --base 0.0.2 (plus
     --series-base 0.0.2 and the line's python): branches on the materialized v0.0.2, exact."""
-    from fp4series import rebase_check
+    from fp4series import upstream
 
     root = line["root"]
     _write_pin_lock(root)
@@ -693,13 +694,13 @@ def test_cli_line_combination_patches_dir_and_base(
     monkeypatch.setenv("FP4SERIES_ROOT", str(root))
     asked: list[str] = []
 
-    def prepare(lock: object, version: str, work: Path, cache: Path) -> rebase_check.Target:
+    def prepare(lock: object, version: str, work: Path, cache: Path) -> upstream.Target:
         asked.append(version)
-        return rebase_check.Target(version, line["rel"], f"v{version}")
+        return upstream.Target(version, line["rel"], f"v{version}")
 
-    monkeypatch.setattr(rebase_check, "prepare_release", prepare)
+    monkeypatch.setattr(upstream, "prepare_release", prepare)
     parser = argparse.ArgumentParser()
-    sp.register(parser.add_subparsers())
+    split_command.register(parser.add_subparsers())
     out = root / "cli-split"
     fresh = root / "fresh-line-repo"  # absent: a clone of the materialized base is made
     argv = ["split", str(fresh), "--patches-dir", str(root / "patches" / "0.0.2"),

@@ -18,7 +18,7 @@ from git import Repo
 from fp4series import gitops
 from fp4series.errors import SeriesError, machine_hint
 from fp4series.gitops import ABORT_COMMANDS, operation_in_progress
-from fp4series.rebase.repo import _offsets
+from fp4series.judging.repo import offsets
 
 BRANCH = "fp4series-rebase"
 SOURCE_BASE_REF = "refs/fp4series/source-base"
@@ -136,7 +136,7 @@ class WorkCheckout:
             "apply", "--index", "-v", "--whitespace=nowarn", "-", stdin=text, check=False
         )
         if exact.returncode == 0:
-            shifted = any(any(x) for x in _offsets(exact.stderr).values())
+            shifted = any(any(x) for x in offsets(exact.stderr).values())
             return ("offset" if shifted else "clean"), ""
         three = self.git("apply", "--3way", "--whitespace=nowarn", "-", stdin=text, check=False)
         if three.returncode == 0:

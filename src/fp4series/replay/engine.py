@@ -2,16 +2,16 @@
 to the user, and survive a kill at any point.
 
 Everything lives in the tool's own directory ``.work/rebase/<V>/``:
-    checkout/    the work checkout (fp4series.rebase.worktree), branch ``fp4series-rebase``
+    checkout/    the work checkout (fp4series.replay.worktree), branch ``fp4series-rebase``
     source/      a snapshot of the source series (edits to patches/ meanwhile do not count)
     record/      a snapshot of the target line, when it exists: the record of resolutions
-    judge/       the judge's scratch repository (fp4series.rebase.repo)
+    judge/       the judge's scratch repository (fp4series.judging.repo)
     state.json   the State below, replaced atomically after every step
     message      the prepared commit message of the step handed to the user
 
-Per source patch, in series order (verdicts from fp4series.rebase.stack, judged once at the
+Per source patch, in series order (verdicts from fp4series.judging.stack, judged once at the
 start on the release, with the source series stacked):
-    recorded resolution   replayed exactly (git am, no 3-way, no fuzz): fp4series.rebase.record
+    recorded resolution   replayed exactly (git am, no 3-way, no fuzz): fp4series.replay.record
     upstream              dropped, with a stanza naming the first release judged upstream
     partly-upstream       shrunk to the hunks upstream lacks, then applied like the rest
     anything else         applied exactly (clean/offset, files upstream moved followed), else
@@ -38,12 +38,15 @@ from typing import Any
 from fp4series import gitops
 from fp4series.checkout import wait_at
 from fp4series.errors import SeriesError
-from fp4series.export import _existing_stems, patch_stem
+from fp4series.export import existing_stems, patch_stem
+from fp4series.judging.matrix import Target
+from fp4series.judging.repo import JudgeRepo
+from fp4series.judging.stack import check_tree
+from fp4series.judging.verdict import PatchResult
 from fp4series.patch import Patch, parse_trailers
 from fp4series.paths import write_atomically
 from fp4series.progress import Progress
-from fp4series.rebase.matrix import Target
-from fp4series.rebase.record import (
+from fp4series.replay.record import (
     DROPPED,
     TRAILER,
     Record,
@@ -52,10 +55,7 @@ from fp4series.rebase.record import (
     stable_patch_id,
     stanza,
 )
-from fp4series.rebase.repo import JudgeRepo
-from fp4series.rebase.stack import check_tree
-from fp4series.rebase.verdict import PatchResult
-from fp4series.rebase.worktree import WorkCheckout
+from fp4series.replay.worktree import WorkCheckout
 from fp4series.series import SERIES_FILE, load_series
 
 STATE = "state.json"
@@ -174,7 +174,7 @@ def line_message(message: str, trailer: str, renames: dict[str, list[str]]) -> s
 def judge_series(
     repo: JudgeRepo, docs: Sequence[Patch], release: Target, source: Target
 ) -> dict[str, PatchResult]:
-    """The judge's verdicts (fp4series.rebase.stack) of the whole series on RELEASE."""
+    """The judge's verdicts (fp4series.judging.stack) of the whole series on RELEASE."""
     trees = []
     for t in (release, source):
         repo.borrow(t.repo)
@@ -443,7 +443,7 @@ class Replay:
         subject already in --out, else one made from the subject."""
         if self._stems is None:
             out = Path(self.state.out)
-            self._stems = _existing_stems(out) if out.is_dir() else {}
+            self._stems = existing_stems(out) if out.is_dir() else {}
         subject = self.co.subject(commit)
         stem = self._stems.get(subject) or patch_stem(subject)
         return f"{self.co.count(self.state.tag, commit):04d}-{stem}.patch"

@@ -8,8 +8,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from fp4series.judging.repo import JudgeRepo
 from fp4series.patch import Patch
-from fp4series.rebase.repo import JudgeRepo
 
 IDENT = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)*(\([^)]*\))?$")
 

@@ -4,16 +4,16 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from fp4series.overlap import derived_dependencies
-from fp4series.patch import Patch
-from fp4series.rebase.judge import SeriesFile, judge
-from fp4series.rebase.repo import JudgeRepo
-from fp4series.rebase.symbols import (
+from fp4series.judging.judge import SeriesFile, judge
+from fp4series.judging.repo import JudgeRepo
+from fp4series.judging.symbols import (
     judge_symbols,
     patch_symbols,
     symbol_names,
 )
-from fp4series.rebase.verdict import APPLIES, PatchResult
+from fp4series.judging.verdict import APPLIES, PatchResult
+from fp4series.overlap import derived_dependencies
+from fp4series.patch import Patch
 
 
 def check_tree(

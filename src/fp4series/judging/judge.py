@@ -7,12 +7,12 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from fp4series.patch import FileDiff, Hunk, Patch
-from fp4series.rebase.repo import ApplyResult, JudgeRepo
-from fp4series.rebase.symbols import (
+from fp4series.judging.repo import ApplyResult, JudgeRepo
+from fp4series.judging.symbols import (
     SymbolHit,
 )
-from fp4series.rebase.verdict import Verdict
+from fp4series.judging.verdict import Verdict
+from fp4series.patch import FileDiff, Hunk, Patch
 
 SIMILARITY = 0.5  # minimum content similarity for "moved"
 

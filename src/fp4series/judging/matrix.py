@@ -6,25 +6,16 @@ import sys
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
 from fp4series import gitops
 from fp4series.errors import SeriesError
+from fp4series.judging.repo import JudgeRepo
+from fp4series.judging.stack import check_tree
+from fp4series.judging.verdict import PatchResult, Verdict
 from fp4series.overlap import derived_dependencies
 from fp4series.patch import Patch
-from fp4series.rebase.repo import JudgeRepo
-from fp4series.rebase.stack import check_tree
-from fp4series.rebase.verdict import PatchResult, Verdict
-
-
-@dataclass
-class Target:
-    """A materialized release: its version and a git repo + revision holding its tree."""
-
-    version: str
-    repo: Path
-    rev: str
+from fp4series.upstream import Target
 
 
 @dataclass

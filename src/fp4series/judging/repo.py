@@ -137,7 +137,7 @@ class JudgeRepo:
             if three_way:
                 idx.unlink(missing_ok=True)
         return ApplyResult(
-            ok and not unmerged, proc.stderr, _offsets(proc.stderr), unmerged, new_tree
+            ok and not unmerged, proc.stderr, offsets(proc.stderr), unmerged, new_tree
         )
 
     def apply_to_tree(self, patch: str, tree: str, *, three_way: bool) -> str | None:
@@ -255,7 +255,7 @@ class ApplyResult:
     new_tree: str | None
 
 
-def _offsets(stderr: str) -> dict[str, list[int]]:
+def offsets(stderr: str) -> dict[str, list[int]]:
     """file -> hunk offsets from ``git apply -v`` output."""
     out: dict[str, list[int]] = {}
     cur = ""
