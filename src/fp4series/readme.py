@@ -1,7 +1,9 @@
-"""The README's tables, generated from their sources so that they cannot drift.
+"""The documents' tables, generated from their sources so that they cannot drift.
 
 A generated block sits between ``<!-- generated: NAME -->`` and ``<!-- end generated: NAME -->``
-in README.md; everything else in the README is prose written by hand. Blocks:
+in README.md or any docs/*.md (DOCUMENTS); everything else there is prose written by hand. A
+block may stand in any of them: its NAME says what fills it (GENERATORS; to add a table, add
+its function there and put the two markers where it belongs). Blocks:
   series      patches/series and each patch's subject, Upstream-Status and Tests: trailer
   line-V      the maintained line on release V (patches/V): its patches with the source patch
               each came from, then every source patch it dropped and where upstream has it
@@ -28,6 +30,7 @@ BLOCK = re.compile(
     r"(<!-- generated: (?P<name>[\w.-]+) -->\n)(?P<body>.*?)(<!-- end generated: (?P=name) -->)",
     re.S,
 )
+DOCUMENTS = ("README.md", "docs/*.md")  # where generated blocks are looked for
 M_RANGES = (("M <= 8", (1, 2, 4, 8)), ("M = 16", (16,)), ("M = 32", (32,)),
             ("M 64-128", (64, 128)), ("M 256-1024", (256, 1024)))  # fmt: skip
 
@@ -209,3 +212,11 @@ def render(text: str, root: Path) -> tuple[str, list[str]]:
         return m.group(1) + body + m.group(4)
 
     return BLOCK.sub(one, text), changed
+
+
+def documents(root: Path) -> list[Path]:
+    """The files that may hold generated blocks, in a stable order."""
+    found: list[Path] = []
+    for pattern in DOCUMENTS:
+        found += sorted(root.glob(pattern))
+    return found
