@@ -50,13 +50,16 @@ def default_signals() -> None:
         signal.signal(sig, signal.SIG_DFL)
 
 
-def isolate_git(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
-    """No user/system git config leaks in; a fixed identity; a private cache dir."""
-    cfg = tmp_path / "gitconfig"
-    cfg.write_text("[user]\n\tname = Test User\n\temail = test@example.com\n")
+def isolate_git(monkeypatch: pytest.MonkeyPatch, tmp_path: Path, identity: bool = True) -> None:
+    """No user/system git config leaks in; a fixed identity (IDENTITY false: none at all, as
+    on a bare CI machine); a private cache dir."""
+    cfg = tmp_path / ("gitconfig" if identity else "no-gitconfig")
+    cfg.write_text("[user]\n\tname = Test User\n\temail = test@example.com\n" if identity else "")
     monkeypatch.setenv("GIT_CONFIG_GLOBAL", str(cfg))
     monkeypatch.setenv("GIT_CONFIG_NOSYSTEM", "1")
-    for var in ("GIT_DIR", "GIT_WORK_TREE", "GIT_INDEX_FILE"):
+    gone = ("GIT_DIR", "GIT_WORK_TREE", "GIT_INDEX_FILE")
+    gone += () if identity else ("GIT_COMMITTER_NAME", "GIT_COMMITTER_EMAIL", "EMAIL")
+    for var in gone:
         monkeypatch.delenv(var, raising=False)
 
 
@@ -211,4 +214,14 @@ def snapshot(directory: Path) -> dict[str, str]:
         p.name: hashlib.sha256(p.read_bytes()).hexdigest()
         for p in sorted(directory.iterdir())
         if p.is_file()
+    }
+
+
+def compile_kwargs(tmp_path: Path, python: Path, sglang_dir: Path) -> dict[str, Path]:
+    """run_compile_checks' keyword arguments for a tree and the fake python, in TMP_PATH."""
+    return {
+        "python": python,
+        "sglang_dir": sglang_dir,
+        "cache_dir": tmp_path / "cache",
+        "build_root": tmp_path / "jit",
     }

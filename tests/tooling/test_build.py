@@ -16,6 +16,7 @@ from pathlib import Path
 
 import _fakepin as fakepin
 import pytest
+from _fakepin import compile_kwargs
 
 from fp4series import build, compile_check, prefix
 from fp4series.errors import SeriesError
@@ -256,8 +257,7 @@ def test_compile_check_builds_once_then_uses_the_stamp(
     sg = fake_sglang(tmp_path)
     py, log = fake_tools
     targets = [compile_check.Target.parse("gptq_marlin:bf16:sm_90")]
-    kw = {"python": py, "sglang_dir": sg, "cache_dir": tmp_path / "cache",
-          "build_root": tmp_path / "jit"}  # fmt: skip
+    kw = compile_kwargs(tmp_path, py, sg)
     assert [r.status for r in compile_check.run_compile_checks(targets, **kw)] == ["built"]
     assert "worker --module gptq_marlin --dtype bf16 --arch sm_90" in log.read_text()
     assert [r.status for r in compile_check.run_compile_checks(targets, **kw)] == ["cached"]
@@ -281,8 +281,7 @@ def test_compile_check_failure_writes_no_stamp(
     bad.write_text("#!/bin/sh\necho 'error: identifier undefined' >&2\nexit 1\n")
     bad.chmod(0o755)
     targets = [compile_check.Target.parse("moe_wna16_marlin:fp16:sm_80")]
-    kw = {"python": bad, "sglang_dir": sg, "cache_dir": tmp_path / "cache",
-          "build_root": tmp_path / "jit"}  # fmt: skip
+    kw = compile_kwargs(tmp_path, bad, sg)
     (result,) = compile_check.run_compile_checks(targets, **kw)
     assert result.status == "failed" and "identifier undefined" in result.detail
     assert not list((tmp_path / "cache").glob("*.stamp"))

@@ -8,6 +8,7 @@ import types
 from pathlib import Path
 
 import pytest
+from _fakepin import compile_kwargs
 
 from fp4series import compile_check
 from fp4series.errors import SeriesError
@@ -205,8 +206,7 @@ def test_worker_gets_the_discovered_loader(tmp_path: Path, fake_tools: tuple[Pat
     sg = fake_0523(tmp_path)
     py, log = fake_tools
     targets = [compile_check.Target.parse("moe_wna16_marlin:fp16:sm_75:expert_ids_are_sorted")]
-    kw = {"python": py, "sglang_dir": sg, "cache_dir": tmp_path / "cache",
-          "build_root": tmp_path / "jit"}  # fmt: skip
+    kw = compile_kwargs(tmp_path, py, sg)
     assert [r.status for r in compile_check.run_compile_checks(targets, **kw)] == ["built"]
     call = log.read_text()
     assert "worker --module moe_wna16_marlin --dtype fp16 --arch sm_75" in call
@@ -273,8 +273,7 @@ def test_an_fp4_target_builds_the_reduced_source_and_has_its_own_stamp(
     dense = sg / "kernels/jit/csrc/gemm/marlin/gptq_marlin.cuh"
     dense.write_text(DENSE_DISPATCH)
     py, log = fake_tools
-    kw = {"python": py, "sglang_dir": sg, "cache_dir": tmp_path / "cache",
-          "build_root": tmp_path / "jit"}  # fmt: skip
+    kw = compile_kwargs(tmp_path, py, sg)
     fp4 = compile_check.Target.parse("gptq_marlin@fp4:fp16:sm_75")
     (r,) = compile_check.run_compile_checks([fp4], **kw)
     assert r.status == "built" and r.kernels == "2 of 4 dispatch kernels (kFE2M1f)"

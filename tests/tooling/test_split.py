@@ -846,12 +846,7 @@ def test_a_placed_test_that_names_this_project_is_named_for_its_author(
 def test_without_a_git_identity_the_committer_is_the_author_not_this_tooling(
     line: dict[str, Path], monkeypatch: pytest.MonkeyPatch, tmp_path: Path
 ) -> None:
-    empty = tmp_path / "no-gitconfig"
-    empty.write_text("")
-    monkeypatch.setenv("GIT_CONFIG_GLOBAL", str(empty))
-    monkeypatch.setenv("GIT_CONFIG_NOSYSTEM", "1")
-    for var in ("GIT_COMMITTER_NAME", "GIT_COMMITTER_EMAIL", "EMAIL"):
-        monkeypatch.delenv(var, raising=False)
+    fakepin.isolate_git(monkeypatch, tmp_path, identity=False)
     split_line(line, project=line["project"])
     t = line["target"]
     for branch in ("nvfp4-marlin/line-change-a", "nvfp4-marlin/line-b"):
