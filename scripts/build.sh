@@ -11,4 +11,4 @@ if [ "$#" -lt 1 ]; then
   exit 2
 fi
 . "$ROOT/scripts/lib/python.sh"
-exec "$PY" -m fp4series build "$@"
+exec ${PY_START[@]+"${PY_START[@]}"} "$PY" -m fp4series build "$@"

@@ -4,4 +4,4 @@
 set -euo pipefail
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 . "$ROOT/scripts/lib/python.sh"
-exec "$PY" -m fp4series fetch-upstream "$@"
+exec ${PY_START[@]+"${PY_START[@]}"} "$PY" -m fp4series fetch-upstream "$@"

@@ -24,14 +24,14 @@ if ! git config user.email >/dev/null 2>&1; then
 fi
 
 stage "venv (${LINE_WORK#"$ROOT/"}/venv)"
-scripts/setup-venv.sh ${LINE_ARGS[@]+"${LINE_ARGS[@]}"}
+ours scripts/setup-venv.sh ${LINE_ARGS[@]+"${LINE_ARGS[@]}"}
 
 stage "release + checkout + apply (.work/upstream, ${LINE_WORK#"$ROOT/"}/checkout)"
-"$LINE_PY" -m fp4series prepare-checkout ${LINE_ARGS[@]+"${LINE_ARGS[@]}"}
+ours ${PY_START[@]+"${PY_START[@]}"} "$LINE_PY" -m fp4series prepare-checkout ${LINE_ARGS[@]+"${LINE_ARGS[@]}"}
 
 stage "build"
-"$LINE_PY" -m fp4series build ${LINE_ARGS[@]+"${LINE_ARGS[@]}"} "$LINE_WORK/checkout"
+ours ${PY_START[@]+"${PY_START[@]}"} "$LINE_PY" -m fp4series build ${LINE_ARGS[@]+"${LINE_ARGS[@]}"} "$LINE_WORK/checkout"
 
-stage "test (scripts/test.sh ${LINE_ARGS[*]-})"
-scripts/test.sh ${LINE_ARGS[@]+"${LINE_ARGS[@]}"} "$@"
+stage "test (ours scripts/test.sh ${LINE_ARGS[*]-})"
+ours scripts/test.sh ${LINE_ARGS[@]+"${LINE_ARGS[@]}"} "$@"
 stage "done: main job passed in $((SECONDS - T0))s"

@@ -14,4 +14,4 @@
 set -euo pipefail
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 . "$ROOT/scripts/lib/python.sh"
-exec "$PY" -m fp4series rebase-check "$@"
+exec ${PY_START[@]+"${PY_START[@]}"} "$PY" -m fp4series rebase-check "$@"

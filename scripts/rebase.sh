@@ -13,4 +13,4 @@
 set -euo pipefail
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 . "$ROOT/scripts/lib/python.sh"
-exec "$PY" -m fp4series rebase "$@"
+exec ${PY_START[@]+"${PY_START[@]}"} "$PY" -m fp4series rebase "$@"

@@ -8,4 +8,5 @@ set -euo pipefail
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 PY="${FP4SERIES_PYTHON:-$(command -v python3.11 || command -v python3)}"
 cd "$ROOT"
-PYTHONPATH="$ROOT/src" exec "$PY" -m fp4series.build venv --python "$PY" "$@"
+. "$ROOT/scripts/lib/sigint.sh"
+PYTHONPATH="$ROOT/src" exec ${PY_START[@]+"${PY_START[@]}"} "$PY" -m fp4series.commands.venv venv --python "$PY" "$@"

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # One upstream PR branch per patch (or Group:) in REPO, with its tests and a PR description:
-#   scripts/split.sh REPO [--base pin|VERSION|auto] [--patches P ...] [--run-tests]
+#   scripts/split.sh REPO [--base pin|VERSION|auto] [--only P ...] [--run-tests]
 #     [--python PY] [--patches-dir DIR] [--series-base VERSION] [--reports-dir DIR]
 #     [--keep-trailers] [--out-dir DIR] [--force NAME ...]
 # Each branch's commit holds the fix and its CPU tests in upstream's test tree; OUT-DIR/<unit>.md
@@ -15,6 +15,6 @@ ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 . "$ROOT/scripts/lib/python.sh"
 if [ "${1:-}" = "--overlap" ]; then
   shift
-  exec "$PY" -m fp4series overlap "$@"
+  exec ${PY_START[@]+"${PY_START[@]}"} "$PY" -m fp4series overlap "$@"
 fi
-exec "$PY" -m fp4series split "$@"
+exec ${PY_START[@]+"${PY_START[@]}"} "$PY" -m fp4series split "$@"

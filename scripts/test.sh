@@ -17,4 +17,4 @@ if [ ! -x "$LINE_PY" ]; then
   exit 1
 fi
 cd "$ROOT"
-exec "$LINE_PY" -m fp4series test ${LINE_ARGS[@]+"${LINE_ARGS[@]}"} -- "$@"
+exec ${PY_START[@]+"${PY_START[@]}"} "$LINE_PY" -m fp4series test ${LINE_ARGS[@]+"${LINE_ARGS[@]}"} -- "$@"

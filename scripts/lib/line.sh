@@ -4,6 +4,7 @@
 # the pin's line (also `--line <pin version>`): .work, .work/venv; a line on VERSION:
 # .work/lines/VERSION, .work/lines/VERSION/venv. An unknown VERSION is an error naming the lines.
 # Usage: ROOT=... ; . "$ROOT/scripts/lib/line.sh" ; set -- "${REST[@]}"
+. "$ROOT/scripts/lib/sigint.sh"
 LINE_ARGS=()
 LINE_WORK="$ROOT/.work"
 REST=("$@")
@@ -13,7 +14,13 @@ if [ "${1:-}" = "--line" ]; then
     exit 2
   fi
   LINE_BOOT="$(command -v python3.11 || command -v python3)"
-  LINE_WORK="$(PYTHONPATH="$ROOT/src" "$LINE_BOOT" -m fp4series.line work "$2")" || exit 2
+  FP4SERIES_OURS_RUNNING=1
+  LINE_WORK="$(PYTHONPATH="$ROOT/src" ${PY_START[@]+"${PY_START[@]}"} "$LINE_BOOT" -m fp4series.line work "$2")" || {
+    rc=$?
+    [ "$rc" -eq 130 ] || rc=2
+    exit "$rc"
+  }
+  FP4SERIES_OURS_RUNNING=
   LINE_ARGS=(--line "$2")
   REST=("${@:3}")
 fi

@@ -6,7 +6,9 @@
 #                           on first use in seconds from PyPI and remade when the requirements
 #                           change (hash stamp), so a fresh clone runs these scripts without
 #                           the 5 GB test environment
-# Usage: ROOT=... ; . "$ROOT/scripts/lib/python.sh"
+# Usage: ROOT=... ; . "$ROOT/scripts/lib/python.sh" ; exec ${PY_START[@]+"${PY_START[@]}"} "$PY" ...
+# (PY_START and the INT trap: lib/sigint.sh, sourced here)
+. "$ROOT/scripts/lib/sigint.sh"
 fp4series_die() {
   echo "error: $1" >&2
   echo "  what to do: $2" >&2
@@ -27,9 +29,13 @@ else
     fp4series_die "no python 3.11 found (python3.11 or python3 on PATH)" \
       "install python 3.11, or set FP4SERIES_PYTHON to one that has gitpython"
   fi
-  PYTHONPATH="$ROOT/src" "$BOOT" -m fp4series.build tooling-venv >&2 ||
-    fp4series_die "could not create $ROOT/.work/tooling-venv (see above)" \
-      "check the network to PyPI and run it again, or set FP4SERIES_PYTHON"
+  rc=0
+  FP4SERIES_OURS_RUNNING=1
+  PYTHONPATH="$ROOT/src" ${PY_START[@]+"${PY_START[@]}"} "$BOOT" -m fp4series.commands.venv tooling-venv >&2 || rc=$?
+  FP4SERIES_OURS_RUNNING=
+  [ "$rc" -ne 130 ] || exit 130
+  [ "$rc" -eq 0 ] || fp4series_die "could not create $ROOT/.work/tooling-venv (see above)" \
+    "check the network to PyPI and run it again, or set FP4SERIES_PYTHON"
   PY="$ROOT/.work/tooling-venv/bin/python"
 fi
 export PYTHONPATH="$ROOT/src${PYTHONPATH:+:$PYTHONPATH}"

@@ -30,15 +30,12 @@ Public API (stable):
                 "already-applied" | "failed" | "not-tried"
     result_ref(branch) -> str    refs/fp4series/applied/<branch name>
 CLI: apply [--line VERSION] [--check] [--allow-base-mismatch] CHECKOUT
+     apply --recover CHECKOUT   finish or undo what a killed apply left; nothing else
 """
 
 from __future__ import annotations
 
-import argparse
 import os
-import signal
-from collections.abc import Iterator
-from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -48,12 +45,11 @@ from git import Repo
 from fp4series import checkout as co
 from fp4series import gitops, paths
 from fp4series.blobs import blob_mismatches
-from fp4series.errors import SeriesError, as_series_error, machine_hint
+from fp4series.errors import SeriesError, machine_hint
 from fp4series.hunks import HunkFit, locate_patch
-from fp4series.line import Line, add_line_option, resolve_line
 from fp4series.lock import Lock, load_lock
+from fp4series.patch import ZERO_ID, Patch
 from fp4series.progress import Progress
-from fp4series.series import ZERO_ID, Patch, load_series
 from fp4series.verify import Base, find_base
 
 AM_ARGS = ("--3way", "--keep-cr", "--keep-non-patch", "--quiet")
@@ -278,14 +274,8 @@ def apply_series(
     repo = gitops.open_repo(checkout)
     lock = lock or load_lock(paths.default_lock_path())
     with co.apply_lock(repo) as killed_before:
-        notes = [killed_before] if killed_before else []
-        leftovers = co.remove_leftover_worktrees(repo)
-        notes += [f"removed {p}, left by a killed apply" for p in leftovers]
-        with co.signals_held() as got:  # a rollback is never left halfway
-            recovered, moved = co.recover(repo) or ("", False)
-        notes += [recovered] if recovered else []
-        if got:
-            raise co.Interrupted(recovered or "the checkout is as it was")
+        notes = [n for n in (killed_before, co.guard_report(repo)) if n]
+        moved = co.settle_killed_run(repo, notes)
         for note in notes:
             progress.info(note)
         if moved and gitops.is_dirty(repo):  # finished; the user's edits since then stay
@@ -391,167 +381,3 @@ def _build(
     elif not check:
         report.head_after = new_head
     return report
-
-
-@contextmanager
-def _terminate_cleanly() -> Iterator[None]:
-    """SIGTERM/SIGHUP unwind like Ctrl-C, so scratch worktrees and locks are released."""
-
-    def stop(signum: int, _frame: object) -> None:
-        raise KeyboardInterrupt(f"signal {signum}")
-
-    previous = {s: signal.signal(s, stop) for s in (signal.SIGTERM, signal.SIGHUP)}
-    try:
-        yield
-    finally:
-        for s, handler in previous.items():
-            signal.signal(s, handler)
-
-
-def _cmd_apply(args: argparse.Namespace) -> int:
-    line = resolve_line(args.line, lock_path=args.lock)
-    args.patches = args.patches or line.patches_dir
-    patches = load_series(args.patches)
-    try:
-        with _terminate_cleanly():
-            report = apply_series(
-                args.checkout,
-                patches,
-                check=args.check,
-                allow_base_mismatch=args.allow_base_mismatch,
-                lock=line.lock,
-                cache_dir=args.cache_dir,
-            )
-    except (OSError, git.GitCommandError) as exc:
-        error = as_series_error(exc)
-        assert error is not None
-        raise SeriesError(f"{error}; the checkout was not changed", hint=error.hint) from None
-    except KeyboardInterrupt as exc:  # Interrupted: the move was settled first, and says how
-        state = exc.state if isinstance(exc, co.Interrupted) else "the checkout is as it was"
-        again = f"run scripts/apply.sh{_line_flag(line)} {args.checkout} again to apply the series"
-        error = SeriesError(
-            f"apply was interrupted; {state}",
-            hint="nothing is left to do" if "fully applied" in state else again,
-        )
-        error.exit_code = 130
-        raise error from None
-    print(report.format())
-    where = args.checkout
-    if report.kept:
-        ref, _why = report.kept
-        raise SeriesError(
-            f"the checkout changed while apply ran; your work is as you left it and the series "
-            f"is on {ref}",
-            hint=_take_hint(where, ref, report.head_before, line),
-        )
-    if not report.ok:
-        failed = next(r for r in report.results if r.status == "failed")
-        if _corrupt(failed.detail):
-            raise SeriesError(
-                f"{failed.name} is corrupt: git cannot read it ({failed.detail}); nothing was "
-                "changed",
-                hint=f"restore it from git (git checkout -- {_shown(args.patches / failed.name)}) "
-                "or regenerate it with scripts/export.sh from the checkout it was made from",
-            )
-        todo = [r.name for r in report.results if r.status != "already-applied"]
-        rest = " ".join(str((args.patches / n).resolve()) for n in todo)
-        am = " ".join(a for a in AM_ARGS if a != "--quiet")
-        export_base = _export_base(where, report)
-        raise SeriesError(
-            f"{failed.name} does not apply to {where}; nothing was changed",
-            hint=f"rebase the series: git -C {where} am {am} {rest} (every patch not applied "
-            "yet, to the end of the series; these flags keep each subject and message, so apply "
-            "and export still recognise the commits). git am stops at each patch that does not "
-            f"apply: resolve it, git add the files, git -C {where} am --continue, and repeat "
-            f"until git am has applied them all ({len(todo)}). Only then regenerate "
-            f"{_shown(args.patches)}/ with scripts/export.sh{_line_flag(line)} {where}"
-            f"{export_base} (exporting earlier drops the patches not applied yet)",
-        )
-    return 0
-
-
-def _corrupt(detail: str) -> bool:
-    """git am's words for a patch file it cannot parse (not one whose hunks do not fit)."""
-    return any(w in detail for w in ("corrupt patch", "corrupt binary patch", "Patch is empty"))
-
-
-def _export_base(where: Path, report: ApplyReport) -> str:
-    """` --base SHA` when commits of the user's sit between the pin and the series: export from
-    the pin would make them patches (0001 on) and renumber the series."""
-    if report.base is None:
-        return ""
-    k = sum(r.status == "already-applied" for r in report.results)
-    below = gitops.open_repo(where).commit(f"{report.head_before}~{k}").hexsha
-    return "" if below == report.base.commit else f" --base {below[:12]}"
-
-
-def _take_hint(where: Path, ref: str, started_at: str, line: Line) -> str:
-    """How to take the series kept on REF, for what the user did while apply ran."""
-    repo = gitops.open_repo(where)
-    short = ref.removeprefix(RESULT_REF_PREFIX)
-    branch = f"refs/heads/{short}"
-    rerun = f"scripts/apply.sh{_line_flag(line)} {where}"
-    status = gitops.status_lines(repo)
-    untracked = any(s.startswith("??") for s in status)
-    stash = f"git -C {where} stash push" + (" --include-untracked" if untracked else "")
-    first = f"commit or stash your changes ({stash}), then " if status else ""
-    try:
-        on = repo.git.symbolic_ref("-q", "HEAD")
-    except git.GitCommandError:
-        on = None
-    if on != branch:
-        return (
-            f"you left {short} while apply ran: {first}switch back (git -C {where} switch "
-            f"{short}) and rerun {rerun}"
-        )
-    tip = co.branch_tip(repo, branch)
-    if tip != started_at:
-        return (
-            f"{short} moved while apply ran (to {str(tip)[:12]} from {started_at[:12]}: a commit "
-            f"of yours?), so {ref} cannot be fast-forwarded onto it: {first}rerun {rerun}, which "
-            f"puts the series on top of {short} as it is now"
-        )
-    merge = f"git -C {where} merge --ff-only {ref}"
-    if not status:
-        return f"to take it: {merge}"
-    return (
-        f"to take it and keep your changes: {stash} && {merge} && git -C {where} stash pop "
-        f"(if pop reports a conflict, your changes stay in the stash: git -C {where} stash show "
-        f"-p; resolve, then git -C {where} stash drop)"
-    )
-
-
-def _line_flag(line: Line) -> str:
-    return "" if line.is_pin else f" --line {line.version}"
-
-
-def _shown(path: Path) -> str:
-    try:
-        return str(Path(path).resolve().relative_to(paths.project_root()))
-    except ValueError:
-        return str(path)
-
-
-def register(subparsers: argparse._SubParsersAction) -> None:
-    p = subparsers.add_parser(
-        "apply",
-        help="apply patches/series to a checkout of the pin (--line: another series line)",
-        description="Apply patches/series to CHECKOUT (a branch of the pin, clean tree) as one "
-        "commit per patch, or change nothing. With --line VERSION: patches/VERSION/series onto "
-        "a checkout of upstream VERSION. One apply at a time per checkout "
-        "(.git/fp4series-apply.lock). The branch is moved only if the checkout is still as "
-        "apply found it; otherwise the series is left on refs/fp4series/applied/<branch> and "
-        "your work is untouched. After a kill, run it again: it finishes or rolls back.",
-    )
-    p.add_argument("checkout", type=Path)
-    p.add_argument("--check", action="store_true", help="report what would happen, change nothing")
-    p.add_argument(
-        "--allow-base-mismatch",
-        action="store_true",
-        help="apply even when the checkout is not provably the pin",
-    )
-    add_line_option(p)
-    p.add_argument("--patches", type=Path, help="series directory (default: the line's)")
-    p.add_argument("--lock", type=Path, default=paths.default_lock_path())
-    p.add_argument("--cache-dir", type=Path, default=paths.default_cache_dir())
-    p.set_defaults(func=_cmd_apply)

@@ -31,7 +31,7 @@ from dataclasses import dataclass, field
 
 from git import GitCommandError, Repo
 
-from fp4series.series import FileChange, Hunk, Patch
+from fp4series.patch import FileDiff, Hunk, Patch
 
 
 @dataclass(frozen=True)
@@ -115,25 +115,6 @@ def _lines(data: bytes) -> list[bytes]:
     return [p + b"\n" for p in parts[:-1]] + ([parts[-1]] if parts[-1] else [])
 
 
-def _sides(hunk: Hunk) -> tuple[list[bytes], list[bytes]]:
-    """(pre-image, post-image) lines with their LF, except where '\\ No newline' follows."""
-    pre: list[bytes] = []
-    post: list[bytes] = []
-    body = hunk.lines
-    for k, line in enumerate(body):
-        tag = line[:1]
-        if tag == "\\":
-            continue
-        text = line[1:].encode("utf-8", "surrogateescape")
-        if not (k + 1 < len(body) and body[k + 1].startswith("\\")):
-            text += b"\n"
-        if tag in (" ", "-"):
-            pre.append(text)
-        if tag in (" ", "+"):
-            post.append(text)
-    return pre, post
-
-
 def apply_hunks(data: bytes, hunks: list[Hunk]) -> bytes:
     """DATA with HUNKS applied at exactly the lines their headers name: no offset and no fuzz,
     since DATA is the very blob the patch was made from. HunkMisfit if a pre-image differs."""
@@ -141,7 +122,9 @@ def apply_hunks(data: bytes, hunks: list[Hunk]) -> bytes:
     out: list[bytes] = []
     cursor = 0
     for hunk in hunks:
-        pre, post = _sides(hunk)
+        pre, post = (
+            [ln.encode("utf-8", "surrogateescape") for ln in side] for side in hunk.images()
+        )
         start = hunk.old_start - 1 if hunk.old_len else hunk.old_start
         if start < cursor or lines[start : start + len(pre)] != pre:
             raise HunkMisfit(hunk)
@@ -173,7 +156,7 @@ class _Blobs:
 
 
 def _check_change(
-    patch: Patch, change: FileChange, state: dict[str, str], blobs: _Blobs, out: SeriesBlobCheck
+    patch: Patch, change: FileDiff, state: dict[str, str], blobs: _Blobs, out: SeriesBlobCheck
 ) -> None:
     def say(line: int, message: str) -> None:
         out.problems.append(BlobProblem(patch.name, line, f"{change.path}: {message}"))

@@ -6,13 +6,12 @@ with the checkout's changed ``python/sglang/**`` files swapped in (``wheel unpac
 regenerates RECORD) and a PEP 440 local version (``0.5.11+nvfp4marlin.N.gSHA``) so nobody
 mistakes it for upstream's.
 
-This module is stdlib-only at import time: ``python -m fp4series.build venv`` bootstraps the
+This module is stdlib-only at import time: ``python -m fp4series.commands.venv venv`` bootstraps the
 venv on a machine that has nothing but python3.11 (gitpython is imported lazily).
 """
 
 from __future__ import annotations
 
-import argparse
 import contextlib
 import fcntl
 import hashlib
@@ -31,9 +30,9 @@ from typing import TYPE_CHECKING
 
 from fp4series import compile_check
 from fp4series.digest import sha256_file
-from fp4series.errors import SeriesError, run_reporting_errors
+from fp4series.errors import SeriesError
 from fp4series.paths import project_root
-from fp4series.workspace import PIN_TAG, pin_release, resolve_base, venv_python
+from fp4series.workspace import pin_release, resolve_base, venv_python
 
 if TYPE_CHECKING:
     from fp4series.line import Line
@@ -196,7 +195,7 @@ def repack_wheel(
                     f"the checkout's base differs from {wheel.name} in {len(bad)} file(s) the "
                     f"series touches, e.g. {bad[0]}",
                     hint="build a checkout of the pin (scripts/fetch-upstream.sh) or pass "
-                    "--allow-mismatched-base if you know the base is right",
+                    "--allow-base-mismatch if you know the base is right",
                 )
         for rel, data in sorted(changes.items()):
             target = root / rel
@@ -381,7 +380,7 @@ _PREPARING: set[str] = set()  # the .work dirs whose prepare lock this process h
 
 
 @contextlib.contextmanager
-def _one_prepare_at_a_time(root: Path) -> Iterator[None]:
+def one_prepare_at_a_time(root: Path) -> Iterator[None]:
     """Serialize prepare-checkout runs of a project (an flock the kernel drops when the holder
     dies): a second run waits, saying for whom, then reuses what the first made."""
     work = root / ".work"
@@ -420,7 +419,7 @@ def prepare_checkout(root: Path, *, fresh: bool = False, line: Line | None = Non
     A checkout that has commits or edits the pipeline did not make (someone editing patches in
     it) is never deleted: it is moved aside to ``<checkout>.saved-<time>`` with a message.
     """
-    with _one_prepare_at_a_time(root):
+    with one_prepare_at_a_time(root):
         return _prepare_checkout(root, fresh=fresh, line=line)
 
 
@@ -524,7 +523,7 @@ def build(
     checkout: Path,
     *,
     base: str | None = None,
-    allow_mismatched_base: bool = False,
+    allow_base_mismatch: bool = False,
     compile_targets: str | None = None,
     force_compile: bool = False,
     skip_compile: bool = False,
@@ -565,7 +564,7 @@ def build(
                 old.unlink()
             built = repack_wheel(
                 wheel, changes, out, local_version=version,
-                expected_old=None if allow_mismatched_base else expected_old, python=py,
+                expected_old=None if allow_base_mismatch else expected_old, python=py,
             )  # fmt: skip
             stamp.write_text(f"{key} {built.name}\n")
             note.append(
@@ -603,42 +602,6 @@ def build(
     return BuildResult(built, version, len(changes) - deleted, deleted, compile_lines)
 
 
-# ------------------------------------------------------------------------------------ CLI
-
-
-def _line(args: argparse.Namespace) -> Line:
-    from fp4series.line import resolve_line
-
-    return resolve_line(getattr(args, "line", None))
-
-
-def _cmd_build(args: argparse.Namespace) -> int:
-    build(
-        Path(args.checkout),
-        line=_line(args),
-        base=args.base,
-        allow_mismatched_base=args.allow_mismatched_base,
-        compile_targets=args.compile_targets,
-        force_compile=args.force_compile,
-        skip_compile=args.skip_compile,
-    )
-    return 0
-
-
-def _cmd_venv(args: argparse.Namespace) -> int:
-    root = project_root()
-    steps = Steps()
-    if getattr(args, "line", None):
-        line = _line(args)
-        venv, reqs = line.venv, line.requirements
-    else:  # stdlib-only bootstrap of the pin's venv: no lock parsing needed
-        venv, reqs = root / ".work" / "venv", REQUIREMENT_FILES
-    with steps.step("venv") as note:
-        note.append(ensure_venv(venv, root, base_python=args.python, requirements=reqs))
-    print(venv_python(venv))
-    return 0
-
-
 def tooling_venv_current(root: Path) -> bool:
     """Is .work/tooling-venv there with the current requirements (no output, no pip)?"""
     venv = root / ".work" / "tooling-venv"
@@ -647,83 +610,3 @@ def tooling_venv_current(root: Path) -> bool:
         return False
     key = inputs_hash(reqs, [sys.version.split()[0], platform.machine()])
     return stamp_matches(venv / VENV_STAMP, key)
-
-
-def _cmd_tooling_venv(args: argparse.Namespace) -> int:
-    """What scripts/lib/python.sh runs: silent when current, else create it with progress."""
-    root = project_root()
-    if tooling_venv_current(root):
-        return 0
-    venv = root / ".work" / "tooling-venv"
-    steps = Steps(prefix="tooling")
-    with steps.step(f"{venv}: gitpython for scripts/*.sh (first use; needs PyPI)") as note:
-        note.append(ensure_venv(venv, root, requirements=TOOLING_REQUIREMENT_FILES))
-    return 0
-
-
-def _cmd_checkout(args: argparse.Namespace) -> int:
-    root = project_root()
-    with _one_prepare_at_a_time(root):  # before the line is read: the first run may change it
-        print(prepare_checkout(root, fresh=args.fresh, line=_line(args)))
-    return 0
-
-
-def register(subparsers: argparse._SubParsersAction) -> None:
-    from fp4series.line import add_line_option
-
-    c = subparsers.add_parser(
-        "prepare-checkout",
-        help="materialize the pin into .work/upstream/<tag> and make .work/checkout = pin + series "
-        "(--line V: .work/upstream/V and .work/lines/V/checkout = V + patches/V)",
-    )
-    add_line_option(c)
-    c.add_argument("--fresh", action="store_true", help="re-clone even if the checkout is current")
-    c.set_defaults(
-        func=_cmd_checkout,
-        on_interrupt="run it again (scripts/main.sh does): it re-makes the checkout or reuses "
-        "what is current",
-    )
-    p = subparsers.add_parser(
-        "build",
-        help="repack the pinned wheel with a checkout's patched files, install it into "
-        ".work/venv and compile-check the Marlin JIT modules",
-    )
-    p.add_argument("checkout", help="git checkout of SGLang with the series applied")
-    add_line_option(p)
-    p.add_argument(
-        "--base", help=f"commit of the base in the checkout (default: the line's tag, {PIN_TAG})"
-    )
-    p.add_argument(
-        "--allow-mismatched-base",
-        action="store_true",
-        help="build even if the base's files differ from the pinned wheel's RECORD",
-    )
-    p.add_argument("--compile-targets", help="comma list MODULE[@SET]:DTYPE:ARCH, 'full' "
-                   "(the defaults as whole modules) or 'none' "
-                   f"(default: {', '.join(compile_check.DEFAULT_TARGETS)}"
-                   " + SM75 targets when the templates have a Turing path)")  # fmt: skip
-    p.add_argument("--force-compile", action="store_true", help="ignore the compile stamps")
-    p.add_argument("--skip-compile", action="store_true", help="no nvcc compile check")
-    p.set_defaults(func=_cmd_build)
-    v = subparsers.add_parser("venv", help="create/refresh .work/venv from requirements/")
-    add_line_option(v)
-    v.add_argument("--python", help="interpreter for a new venv (default: this one)")
-    v.set_defaults(func=_cmd_venv)
-
-
-def main(argv: Sequence[str] | None = None) -> int:
-    """Stdlib-only entry (``python -m fp4series.build venv``) for bootstrapping."""
-    parser = argparse.ArgumentParser(prog="python -m fp4series.build")
-    sub = parser.add_subparsers(dest="command", required=True)
-    v = sub.add_parser("venv")
-    v.add_argument("--python")
-    v.add_argument("--line", help="a maintained line's venv (.work/lines/VERSION/venv)")
-    v.set_defaults(func=_cmd_venv)
-    t = sub.add_parser("tooling-venv", help="create .work/tooling-venv unless it is current")
-    t.set_defaults(func=_cmd_tooling_venv)
-    args = parser.parse_args(argv)
-    return run_reporting_errors(args.func, args)
-
-
-if __name__ == "__main__":
-    sys.exit(main())

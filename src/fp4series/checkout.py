@@ -34,6 +34,16 @@ install(repo, branch, old, new) -- move the checkout from commit OLD to NEW, or 
     at its next safe point, having put the checkout back (or, once the branch has moved,
     finished), and raises ``Interrupted``, which says which.
 
+guarded(repo) -- the move's guard, a small process started before step 1 that lives through
+    the move. apply tells it "done" when install returns or raises; if apply dies instead
+    (SIGKILL, the OOM killer), the guard's pipe reaches end-of-file once apply and every git
+    command it started are gone, and the guard runs ``apply --recover`` at once, still holding
+    the apply lock it inherited: the checkout is back to "untouched or fully applied" within a
+    moment, not at the next apply. What it did goes to ``<git-dir>/fp4series-apply.recovered``,
+    which the next apply reports. While the move is unfinished, apply's index.lock says in words
+    who holds it and the command that finishes or undoes the move (git's own "index.lock: File
+    exists" cannot say more).
+
 recover(repo) -- run by every apply (under the lock) before it looks at the checkout: finishes
     or rolls back an install that was killed, removes an index.lock, private index or its lock
     left by one, drops the killed run's refs/fp4series/applied/<branch>, and says what it did.
@@ -49,6 +59,7 @@ Test hooks (no-ops unless set):
         Points: scratch (patches in, scratch worktree still there), applied (result ready,
         checkout untouched), index-locked (install's step 1 done), before-read-tree (step 3
         done, "worktree" recorded, read-tree next), worktree-updated, ref-moved (steps 4, 5).
+        GUARD_POINT ("guard"): the guard's recovery, before it looks at the checkout.
     FP4SERIES_FAULT_GIT=PROG -- the git commands that write the work tree (read-tree and the
         rollback's checkout-index) run as ``PROG git ARGS...``, so a test can make them write
         part of their files and then fail or be killed.
@@ -64,6 +75,7 @@ import shutil
 import signal
 import socket
 import subprocess
+import sys
 import tempfile
 import threading
 import time
@@ -77,6 +89,7 @@ from git import Repo
 
 from fp4series import gitops
 from fp4series.errors import SeriesError, as_series_error, machine_hint
+from fp4series.paths import write_atomically
 
 LOCK_NAME = "fp4series-apply.lock"
 STATE_NAME = "fp4series-apply.json"
@@ -84,6 +97,9 @@ PRIVATE_INDEX = "fp4series-index"
 INDEX_LOCK_MARK = b"fp4series apply"
 WORKTREE_PREFIX = "fp4series-apply-"
 RESULT_REF_PREFIX = "refs/fp4series/applied/"
+GUARD_LOG = "fp4series-apply.recovered"
+GUARD_POINT = "guard"
+LOCK_FD_ENV = "FP4SERIES_APPLY_LOCK_FD"  # the guard's recovery: the apply lock it inherited
 FAULT_GIT_ENV = "FP4SERIES_FAULT_GIT"
 PAUSE_POINTS = (
     "scratch",
@@ -205,9 +221,10 @@ def apply_lock(repo: Repo) -> Iterator[str | None]:
     """Hold the checkout's apply lock; yields a note when the previous holder was killed.
 
     The file exists only while held (a clean exit removes it), so the tree is left as found; a
-    file that still names someone after we got the flock was left by a killed run."""
+    file that still names someone after we got the flock was left by a killed run. The guard's
+    recovery (LOCK_FD_ENV set) keeps the lock the killed apply held instead of taking it anew."""
     path = Path(repo.git_dir) / LOCK_NAME
-    fd = _open_locked(path, repo)
+    fd = _inherited_lock(path) or _open_locked(path, repo)
     try:
         previous = _read_holder(fd)
         note = None
@@ -232,6 +249,24 @@ def _key(repo: Repo) -> str:
     return os.path.realpath(repo.git_dir)
 
 
+def _inherited_lock(path: Path) -> int | None:
+    """The flocked descriptor of PATH a killed apply handed its guard (LOCK_FD_ENV), if that is
+    still the lock file's; it is taken out of the environment, so no child sees it."""
+    raw = os.environ.pop(LOCK_FD_ENV, "")
+    if not raw.isdigit():
+        return None
+    fd = int(raw)
+    try:
+        same = os.fstat(fd).st_ino == os.stat(path).st_ino
+    except OSError:
+        same = False
+    if not same:  # the file was removed meanwhile: take the lock as any apply does
+        with suppress(OSError):
+            os.close(fd)
+        return None
+    return fd
+
+
 def _open_locked(path: Path, repo: Repo) -> int:
     """Open PATH and flock it; retry when a releasing holder unlinked it meanwhile."""
     while True:
@@ -243,13 +278,14 @@ def _open_locked(path: Path, repo: Repo) -> int:
             os.close(fd)
             pid = holder.get("pid", "?")
             here = holder.get("host") == socket.gethostname()
-            if isinstance(pid, int) and here and not pid_alive(pid):  # its git child still runs
+            if isinstance(pid, int) and here and not pid_alive(pid):  # its guard or git child
                 raise SeriesError(
-                    f"an apply on {repo.working_tree_dir} (pid {pid}) was killed, but a git "
-                    "command it started is still writing the checkout and holds its lock; "
-                    "nothing was changed",
-                    hint="wait a moment for that git command to exit, then run apply "
-                    "again: it finishes or rolls back what the killed apply left",
+                    f"an apply on {repo.working_tree_dir} (pid {pid}) was killed while it "
+                    "moved the checkout: a git command it started is still writing the "
+                    "checkout, or its guard is finishing or undoing the move, and holds its "
+                    "lock; nothing was changed",
+                    hint="wait a moment for it to exit, then run apply again (it reports "
+                    "what the guard did, and finishes or rolls back anything left)",
                 ) from None
             raise SeriesError(
                 f"another apply is running on {repo.working_tree_dir} "
@@ -331,14 +367,8 @@ def _state_path(repo: Repo) -> Path:
 
 
 def _write_state(repo: Repo, **state: str) -> None:
-    path = _state_path(repo)
-    tmp = path.with_suffix(".tmp")
-    try:
-        tmp.write_text(json.dumps(state) + "\n")
-        os.replace(tmp, path)
-    except BaseException:  # a full disk: the previous state file is intact
-        tmp.unlink(missing_ok=True)
-        raise
+    """Atomically: on a full disk the previous state file is intact."""
+    write_atomically(_state_path(repo), (json.dumps(state) + "\n").encode())
 
 
 def _read_state(repo: Repo) -> dict[str, str] | None:
@@ -347,7 +377,7 @@ def _read_state(repo: Repo) -> dict[str, str] | None:
         return json.loads(path.read_text())
     except FileNotFoundError:
         return None
-    except ValueError:  # killed while writing the .tmp: the old file is intact, so unreachable
+    except ValueError:  # written atomically, so unreachable
         return None
 
 
@@ -360,10 +390,10 @@ def _private(repo: Repo) -> Path:
 
 
 def _private_leftovers(repo: Repo) -> list[Path]:
-    """The private index, the lock git takes on it, the state's temporary file: ours alone."""
+    """The private index, the lock git takes on it, the state's temporary files: ours alone."""
     gd = Path(repo.git_dir)
-    names = (PRIVATE_INDEX, PRIVATE_INDEX + ".lock", _state_path(repo).with_suffix(".tmp").name)
-    return [gd / n for n in names if (gd / n).exists()]
+    found = [gd / n for n in (PRIVATE_INDEX, PRIVATE_INDEX + ".lock") if (gd / n).exists()]
+    return found + sorted(gd.glob(f".{STATE_NAME}.*.tmp"))  # paths.write_atomically's
 
 
 def index_lock_is_ours(repo: Repo) -> bool:
@@ -382,15 +412,39 @@ def stale_index_lock_error(repo: Repo) -> SeriesError:
     )
 
 
-def _take_index_lock(repo: Repo) -> None:
+def _take_index_lock(repo: Repo, branch: str, old: str, new: str) -> None:
     try:
         fd = os.open(_index_lock(repo), os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
     except FileExistsError:
         raise stale_index_lock_error(repo) from None
     try:
-        os.write(fd, INDEX_LOCK_MARK + f" pid {os.getpid()}\n".encode())
+        os.write(fd, index_lock_text(repo, branch, old, new).encode())
     finally:
         os.close(fd)
+
+
+def index_lock_text(repo: Repo, branch: str, old: str, new: str) -> str:
+    """What apply's index.lock says to someone whose git command met it: git itself prints
+    only "File exists", so the file names its holder and the command that settles the move."""
+    where = repo.working_tree_dir
+    script = _apply_script()
+    return (
+        f"{INDEX_LOCK_MARK.decode()} (pid {os.getpid()}) holds this lock while it moves {branch} "
+        f"from {old[:12]} to {new[:12]} in {where}; git may not write the index until that move "
+        "is finished or undone.\n"
+        "If that apply was killed, the guard it started finishes or undoes the move within "
+        "seconds. If this file is still here after that, run\n"
+        f"    {script} --recover {where}\n"
+        "which finishes or undoes the move and changes nothing else (or run apply again: it "
+        "does the same first, then applies the series).\n"
+        "Do not remove this file by hand: git could then commit half-written files.\n"
+    )
+
+
+def _apply_script() -> str:
+    """The apply command to name in messages: the project's script when it is there."""
+    here = Path(__file__).resolve().parents[2] / "scripts" / "apply.sh"
+    return str(here) if here.is_file() else f"{sys.executable} -m fp4series apply"
 
 
 def _git_env(repo: Repo) -> dict[str, str]:
@@ -421,25 +475,21 @@ def _split(text: str) -> list[str]:
 
 def _git_writing(repo: Repo, *args: str, index: Path | None = None) -> subprocess.CompletedProcess:
     """Run a git command that writes the work tree, always to its end: it inherits the apply
-    lock (no later apply starts while it runs, even once we are killed), and the caller holds
-    the signals, so it is never left running behind our back. FP4SERIES_FAULT_GIT: module doc."""
-    cmd = [git.Git.GIT_PYTHON_GIT_EXECUTABLE or "git", *args]
-    if os.environ.get(FAULT_GIT_ENV):
-        cmd.insert(0, os.environ[FAULT_GIT_ENV])
-    env = {**os.environ, "LC_ALL": "C", "LANGUAGE": "C"}
+    lock (no later apply starts while it runs, even once we are killed) and the guard's pipe
+    (the guard acts only once it has exited), and the caller holds the signals, so it is never
+    left running behind our back. FP4SERIES_FAULT_GIT: module doc."""
+    env = {"LC_ALL": "C", "LANGUAGE": "C"}
     if index is not None:
         env["GIT_INDEX_FILE"] = str(index)
-    fd = _LOCK_FDS.get(_key(repo))
-    return subprocess.run(
-        cmd,
-        cwd=repo.working_tree_dir,
+    fds = tuple(fd for fd in (_LOCK_FDS.get(_key(repo)), _GUARD_FDS.get(_key(repo))) if fd)
+    return gitops.run(
+        repo.working_tree_dir,
+        *args,
         env=env,
         stdin=subprocess.DEVNULL,
-        capture_output=True,
-        text=True,
         errors="replace",
-        pass_fds=() if fd is None else (fd,),
-        check=False,
+        pass_fds=fds,
+        wrapper=os.environ.get(FAULT_GIT_ENV) or None,
     )
 
 
@@ -717,10 +767,10 @@ def install(repo: Repo, branch: str, old: str, new: str) -> str | None:
     Returns None when done, or why nothing was changed (the checkout moved on meanwhile).
     Raises SeriesError when git failed (what it wrote was put back, or the message says that
     the checkout is mid-move and a rerun finishes), Interrupted on a signal (settled first)."""
-    with signals_held() as got:
+    with signals_held() as got, guarded(repo):
         _write_state(repo, branch=branch, old=old, new=new, step="begin")
         try:
-            _take_index_lock(repo)
+            _take_index_lock(repo, branch, old, new)
         except SeriesError:
             _state_path(repo).unlink(missing_ok=True)
             raise
@@ -847,6 +897,8 @@ def _recover(repo: Repo) -> tuple[str, bool] | None:
         named = ["the index.lock"] if index_lock_is_ours(repo) else []
         named += [str(p) for p in _private_leftovers(repo)]
         _release(repo)
+        if state:  # the killed run's result, never installed
+            drop_result_ref(repo, result_ref(state["branch"]), state["new"])
         if not named:
             return None
         return (
@@ -864,7 +916,7 @@ def _recover(repo: Repo) -> tuple[str, bool] | None:
                 hint=f"let that command finish (if none runs, remove {lock}), then run apply "
                 "again: it finishes what the interrupted apply left",
             )
-        _take_index_lock(repo)  # removed by hand: hold it again while the work tree is written
+        _take_index_lock(repo, branch, old, new)  # removed by hand: hold it again meanwhile
     short = branch.removeprefix("refs/heads/")
     what, done, foreign = _settle(
         repo, branch, old, new, f"an interrupted apply was moving {short}"
@@ -892,6 +944,118 @@ def _recover(repo: Repo) -> tuple[str, bool] | None:
         "an apply was interrupted before it wrote any file; the checkout is as it was before it",
         False,
     )
+
+
+# ---------------------------------------------------------------------------------------- guard
+
+_GUARD_FDS: dict[str, int] = {}  # git dir -> the write end of the guard's pipe, while guarded
+
+# The guard: `python -S -c GUARD_CODE CHECKOUT LOG`, stdin the read end of apply's pipe. -S: it
+# starts in milliseconds and imports nothing until it has work. It reads to end-of-file, which
+# comes once apply and every git command apply started (they inherit the write end) are gone:
+# "ok" first means apply settled the checkout itself; anything else, that apply died mid-move.
+GUARD_CODE = """
+import os, sys
+said = sys.stdin.buffer.read()
+if said.startswith(b"ok"):
+    raise SystemExit(0)
+os.environ["FP4SERIES_GUARD_LOG"] = sys.argv[2]
+os.execv(sys.executable, [sys.executable, "-m", "fp4series", "apply", "--recover", sys.argv[1]])
+"""
+GUARD_LOG_ENV = "FP4SERIES_GUARD_LOG"
+
+
+@contextmanager
+def guarded(repo: Repo) -> Iterator[None]:
+    """Run the block with the move's guard standing by (module doc): if this process dies in
+    the block, the guard finishes or undoes the move right away. Without a python to start it
+    with (or when it cannot start), the block runs unguarded: the next apply recovers."""
+    key = _key(repo)
+    lock_fd = _LOCK_FDS.get(key)
+    proc = None
+    if sys.executable and lock_fd is not None and key not in _GUARD_FDS:
+        package_dir = str(Path(__file__).resolve().parents[1])
+        env = {**os.environ, LOCK_FD_ENV: str(lock_fd)}
+        env["PYTHONPATH"] = os.pathsep.join(p for p in (package_dir, env.get("PYTHONPATH")) if p)
+        with suppress(OSError):
+            proc = subprocess.Popen(
+                [sys.executable, "-S", "-c", GUARD_CODE, repo.working_tree_dir or ".",
+                 str(Path(repo.git_dir) / GUARD_LOG)],
+                stdin=subprocess.PIPE,
+                stdout=subprocess.DEVNULL,
+                stderr=subprocess.DEVNULL,
+                env=env,
+                pass_fds=(lock_fd,),
+                start_new_session=True,  # a Ctrl-C or hang-up meant for apply does not reach it
+            )  # fmt: skip
+    if proc is None or proc.stdin is None:
+        yield
+        return
+    _GUARD_FDS[key] = proc.stdin.fileno()
+    try:
+        yield
+    finally:
+        _GUARD_FDS.pop(key, None)
+        with suppress(OSError):
+            proc.stdin.write(b"ok\n")
+        with suppress(OSError):
+            proc.stdin.close()
+        with suppress(subprocess.TimeoutExpired):
+            proc.wait(timeout=30)
+
+
+def guard_report(repo: Repo) -> str | None:
+    """What the guard of a killed apply did (its log, removed once read), in one note."""
+    path = Path(repo.git_dir) / GUARD_LOG
+    try:
+        said = path.read_text(errors="replace").strip()
+    except FileNotFoundError:
+        return None
+    path.unlink(missing_ok=True)
+    said = " ".join(said.split()) or "(it said nothing)"
+    return (
+        f"an apply was killed while it moved the checkout; its guard settled it right away: {said}"
+    )
+
+
+def recover_only(repo: Repo) -> list[str]:
+    """`apply --recover`: under the apply lock, finish or undo what a killed apply left (scratch
+    worktrees, a half-done move, its result ref) and change nothing else; returns what was
+    done, one note each. The guard runs this; so can a user who meets apply's index.lock. In
+    the guard (GUARD_LOG_ENV set), what it did or why it could not is written to that log
+    before the lock is let go, so whoever waits for the lock finds it complete."""
+    log = os.environ.pop(GUARD_LOG_ENV, "")
+    with apply_lock(repo) as killed_before:
+        notes = [n for n in (killed_before, None if log else guard_report(repo)) if n]
+        try:
+            wait_at(GUARD_POINT)
+            settle_killed_run(repo, notes)
+        except BaseException as exc:
+            if log:
+                error = as_series_error(exc)
+                _write_log(Path(log), [*notes, f"error: {error or repr(exc)}"])
+            raise
+        if log:
+            _write_log(Path(log), notes)
+    return notes
+
+
+def settle_killed_run(repo: Repo, notes: list[str]) -> bool:
+    """Under the apply lock: remove a killed apply's scratch worktrees and finish or undo its
+    move (recover), adding a note for each to NOTES. True when that finished the move (the
+    branch is at the killed run's result). Raises Interrupted on a signal, once settled."""
+    notes += [f"removed {p}, left by a killed apply" for p in remove_leftover_worktrees(repo)]
+    with signals_held() as got:  # a rollback is never left halfway
+        recovered, moved = recover(repo) or ("", False)
+    notes += [recovered] if recovered else []
+    if got:
+        raise Interrupted(recovered or "the checkout is as it was")
+    return moved
+
+
+def _write_log(path: Path, notes: list[str]) -> None:
+    with suppress(OSError):  # a full disk: the next apply finds the state and says it itself
+        write_atomically(path, ("\n".join(notes) + "\n").encode())
 
 
 # ------------------------------------------------------------------------------------ worktrees

@@ -1,4 +1,4 @@
-"""Thin command-line front end: each subcommand lives in the module that implements it.
+"""Thin command-line front end: each subcommand is a module of fp4series.commands (one a verb).
 
 Every module in ``COMMAND_MODULES`` exposes ``register(subparsers) -> None``, which adds its
 subparser(s) and sets ``func`` (a callable taking the parsed namespace and returning an exit code)
@@ -13,25 +13,26 @@ import importlib
 import sys
 from collections.abc import Sequence
 
-from fp4series.errors import INTERRUPTED, SeriesError, report, run_reporting_errors
-
-COMMAND_MODULES = (
-    "fp4series.upstream",  # fetch / materialize / resolve-commit
-    "fp4series.apply",  # apply [--check]
-    "fp4series.export",  # export
-    "fp4series.lint",  # lint (patch linter, pre-commit hook)
-    "fp4series.build",  # build, venv
-    "fp4series.prefix",  # test, test-prefixes
-    "fp4series.rebase_check",  # rebase-check
-    "fp4series.rebase_series",  # rebase --to / --continue / --abort / --status / --check
-    "fp4series.split",  # split, overlap
-    "fp4series.report",  # check-reports
-    "fp4series.readme",  # readme [--check]
+from fp4series.commands import COMMANDS
+from fp4series.errors import (
+    INTERRUPTED,
+    STARTING,
+    SeriesError,
+    interrupted,
+    report,
+    run_reporting_errors,
 )
+
+COMMAND_MODULES = tuple(f"fp4series.commands.{name}" for name in COMMANDS)
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="fp4series", description=__doc__)
+    parser = argparse.ArgumentParser(
+        prog="fp4series",
+        description="The NVFP4-on-Marlin patch series for SGLang and its lines: apply, export, "
+        "lint, build, test, split and rebase them (scripts/*.sh run these; each verb's --help "
+        "says more).",
+    )
     subparsers = parser.add_subparsers(dest="command", required=True)
     for name in COMMAND_MODULES:
         try:
@@ -65,12 +66,10 @@ def main(argv: Sequence[str] | None = None) -> int:
             return exc.exit_code
         args = parser.parse_args(argv)
         return run_reporting_errors(args.func, args)
-    except KeyboardInterrupt:  # before the command started (while it runs: run_reporting_errors)
-        report(
-            SeriesError(
-                "interrupted while starting; nothing was done", hint="run the same command again"
-            )
-        )
+    except BaseException as exc:  # before the command started (then: run_reporting_errors)
+        if not interrupted(exc):
+            raise
+        report(SeriesError(STARTING, hint="run the same command again"))
         return INTERRUPTED
 
 

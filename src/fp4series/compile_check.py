@@ -51,7 +51,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from fp4series import marlin_dispatch
-from fp4series.errors import SeriesError
+from fp4series.errors import SeriesError, run_main
 
 #: The Marlin JIT modules this check knows, by the name their wrapper passes to ``load_jit``.
 #: Where their wrappers and sources live is discovered from the tree (``discover_layout``).
@@ -832,4 +832,4 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    run_main(main)

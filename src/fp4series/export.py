@@ -33,7 +33,6 @@ CLI: export CHECKOUT [--line VERSION] [--base REV] [--force] [--allow-empty] [--
 
 from __future__ import annotations
 
-import argparse
 import re
 from pathlib import Path
 
@@ -42,10 +41,10 @@ from git import InvalidGitRepositoryError, NoSuchPathError, Repo
 from fp4series import gitops, paths
 from fp4series.checkout import Interrupted, signals_held, wait_at
 from fp4series.errors import SeriesError
-from fp4series.line import add_line_option, resolve_line
 from fp4series.lock import Lock, load_lock
+from fp4series.patch import END_MARKER, parse_patch
 from fp4series.progress import Progress
-from fp4series.series import END_MARKER, SERIES_FILE, load_series, parse_patch, read_series_names
+from fp4series.series import SERIES_FILE, load_series, read_series_names
 from fp4series.verify import find_base
 
 FORMAT_PATCH_ARGS = (
@@ -86,11 +85,9 @@ _NAME = re.compile(r"^\d{4}-(.+)\.patch$")
 
 
 def format_patch(repo: Repo, commit: str) -> bytes:
-    cmd = ["git"]
-    for item in GIT_CONFIG_OVERRIDES:
-        cmd += ["-c", item]
-    cmd += ["format-patch", *FORMAT_PATCH_ARGS, "-1", commit]
-    out = repo.git.execute(cmd, stdout_as_string=False, strip_newline_in_stdout=False)
+    out = repo.git(c=list(GIT_CONFIG_OVERRIDES)).format_patch(
+        *FORMAT_PATCH_ARGS, "-1", commit, stdout_as_string=False, strip_newline_in_stdout=False
+    )
     assert isinstance(out, bytes)
     return out
 
@@ -101,7 +98,7 @@ def patch_stem(subject: str) -> str:
     return stem[:60].rstrip("-") or "patch"
 
 
-def _existing_stems(patches_dir: Path) -> dict[str, str]:
+def existing_stems(patches_dir: Path) -> dict[str, str]:
     stems: dict[str, str] = {}
     for path in sorted(patches_dir.glob("*.patch")):
         m = _NAME.match(path.name)
@@ -242,7 +239,7 @@ def export_series(
             "one), or pass --allow-empty to really empty the series",
         )
     with progress.step(f"export {len(commits)} commit(s) from {base_sha[:12]}..HEAD"):
-        stems = _existing_stems(patches_dir) if patches_dir.is_dir() else {}
+        stems = existing_stems(patches_dir) if patches_dir.is_dir() else {}
         planned: dict[str, bytes] = {}
         for i, commit in enumerate(commits, start=1):
             stem = stems.get(commit.summary) or patch_stem(commit.summary)
@@ -276,66 +273,3 @@ def export_series(
     if got:
         raise Interrupted(f"export had finished: {len(written)} patch(es) in {patches_dir}")
     return written
-
-
-def _cmd_export(args: argparse.Namespace) -> int:
-    line = resolve_line(args.line, lock_path=args.lock)
-    args.patches = args.patches or line.patches_dir
-    written = export_series(
-        args.checkout,
-        args.patches,
-        base=args.base,
-        lock=line.lock,
-        cache_dir=args.cache_dir,
-        force=args.force,
-        allow_empty=args.allow_empty,
-        allow_delete=args.allow_delete,
-    )
-    print(f"exported {len(written)} patch(es) to {args.patches}")
-    return 0
-
-
-def _cmd_export_reporting(args: argparse.Namespace) -> int:
-    """A signal before the writes: nothing written; during them: held until the set is whole."""
-    try:
-        return _cmd_export(args)
-    except Interrupted as exc:
-        error = SeriesError(f"export was interrupted after it wrote every file; {exc.state}")
-        error.hint = "nothing is left to do; check the result with git diff " + str(args.patches)
-        error.exit_code = 130
-        raise error from None
-    except KeyboardInterrupt:
-        error = SeriesError("export was interrupted before it wrote anything")
-        error.hint = f"run scripts/export.sh {args.checkout} again"
-        error.exit_code = 130
-        raise error from None
-
-
-def register(subparsers: argparse._SubParsersAction) -> None:
-    p = subparsers.add_parser(
-        "export",
-        help="regenerate patches/ from commits on top of the pin (--line: patches/VERSION/ "
-        "from commits on top of upstream VERSION)",
-    )
-    p.add_argument("checkout", type=Path)
-    p.add_argument("--base", help="the pin revision (default: the lock's tag, else RECORD check)")
-    add_line_option(p)
-    p.add_argument("--patches", type=Path, help="series directory (default: the line's)")
-    p.add_argument("--lock", type=Path, default=paths.default_lock_path())
-    p.add_argument("--cache-dir", type=Path, default=paths.default_cache_dir())
-    p.add_argument(
-        "--force",
-        action="store_true",
-        help="overwrite or delete files in the patches dir even if their changes are not committed",
-    )
-    p.add_argument(
-        "--allow-delete",
-        action="store_true",
-        help="with --base: delete the patches no commit on top of it makes",
-    )
-    p.add_argument(
-        "--allow-empty",
-        action="store_true",
-        help="export a checkout with no commits on the pin (empties the series)",
-    )
-    p.set_defaults(func=_cmd_export_reporting)

@@ -1,4 +1,11 @@
-"""Git helpers (gitpython) shared by apply/export/verify/rebase-check, with user-facing errors.
+"""The git layer: every git command of the tooling goes through here, gitpython where it has the
+operation, one plain-process runner (``run``, ``start``) where it has none.
+
+gitpython serves reading and writing a checkout (status, blobs, worktrees, commits). ``run`` is
+for what it does not give: the exit status and stderr as the answer, bytes on stdin, a clean
+environment (the caller's GIT_DIR / GIT_WORK_TREE / GIT_INDEX_FILE never leak into a command
+meant for another repository), descriptors handed down (apply's lock), a wrapper in front (a
+fault-injection test's). No other module starts a git process itself.
 
 Public API (stable):
     open_repo(path) -> Repo                  SeriesError when missing / not a repo top level / bare
@@ -16,13 +23,21 @@ Public API (stable):
     patch_id(repo, diff_text) -> str | None  `git patch-id --stable`
     commit_patch_id(repo, rev) -> str | None
     committer_env(repo) -> dict              fallback committer identity when none is configured
+  plumbing (plain processes):
+    run(cwd, *args, input=None, env=None, text=True, check=False, hint="", pass_fds=(),
+        wrapper=None, errors="surrogateescape") -> CompletedProcess
+    start(cwd, *args, **popen) -> Popen      a long-running git (cat-file --batch)
+    rev(cwd, revision) -> str | None         rev-parse --verify of REVISION in the repo at CWD
+    executable() -> str                      the git gitpython runs (GIT_PYTHON_GIT_EXECUTABLE)
 """
 
 from __future__ import annotations
 
+import os
 import shutil
+import subprocess
 import tempfile
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from contextlib import contextmanager, suppress
 from pathlib import Path
 from typing import IO
@@ -30,7 +45,7 @@ from typing import IO
 import git
 from git import Repo
 
-from fp4series.errors import SeriesError
+from fp4series.errors import SeriesError, machine_hint
 
 
 def open_repo(path: Path | str) -> Repo:
@@ -189,3 +204,79 @@ def committer_env(repo: Repo) -> dict[str, str]:
     if not reader.get_value("user", "email", default=""):
         env["GIT_COMMITTER_EMAIL"] = "fp4series@localhost"
     return env
+
+
+# ------------------------------------------------------------ plumbing: where gitpython has none
+
+LOCATION_VARS = ("GIT_DIR", "GIT_WORK_TREE", "GIT_INDEX_FILE")
+
+
+def executable() -> str:
+    return git.Git.GIT_PYTHON_GIT_EXECUTABLE or "git"
+
+
+def _environment(env: dict[str, str] | None) -> dict[str, str]:
+    clean = {k: v for k, v in os.environ.items() if k not in LOCATION_VARS}
+    return {**clean, **(env or {})}
+
+
+def run(
+    cwd: Path | str | None,
+    *args: str,
+    input: str | bytes | None = None,  # noqa: A002 (subprocess's name)
+    env: dict[str, str] | None = None,
+    text: bool = True,
+    check: bool = False,
+    hint: str = "",
+    pass_fds: Sequence[int] = (),
+    wrapper: str | None = None,
+    errors: str = "surrogateescape",
+    stdin: int | None = None,
+) -> subprocess.CompletedProcess:
+    """``git ARGS`` in CWD (None: no repository needed) as a plain process, to its end.
+
+    ENV goes on top of the caller's environment without its git location variables; WRAPPER
+    runs in front of git (``WRAPPER git ARGS``); PASS_FDS are handed down. CHECK: a failure is
+    a SeriesError naming the command, the directory and what git said, with HINT (or the
+    machine's: a full disk, a read-only file system)."""
+    cmd = [*([wrapper] if wrapper else []), executable(), *args]
+    try:
+        proc = subprocess.run(
+            cmd,
+            cwd=cwd,
+            input=input,
+            stdin=stdin,
+            env=_environment(env),
+            capture_output=True,
+            text=text,
+            encoding="utf-8" if text else None,
+            errors=errors if text else None,
+            pass_fds=tuple(pass_fds),
+            check=False,
+        )
+    except OSError as exc:
+        raise SeriesError(
+            f"cannot run git: {exc}", hint="install git (2.30 or newer) and put it on PATH"
+        ) from exc
+    if check and proc.returncode != 0:
+        said = proc.stderr if text else proc.stderr.decode("utf-8", "replace")
+        said = said.strip() or (proc.stdout if text else "").strip()
+        where = f" in {cwd}" if cwd else ""
+        raise SeriesError(
+            f"git {' '.join(args[:3])} failed{where}: {said}",
+            hint=machine_hint(said) or hint or "read git's message, fix its cause, then run again",
+        )
+    return proc
+
+
+def start(cwd: Path | str, *args: str, **popen: object) -> subprocess.Popen:
+    """A long-running ``git ARGS`` in CWD (its pipes as POPEN says), environment as in run."""
+    return subprocess.Popen(  # type: ignore[call-overload]
+        [executable(), *args], cwd=cwd, env=_environment(None), **popen
+    )
+
+
+def rev(cwd: Path | str, revision: str) -> str | None:
+    """The object id REVISION names in the repository at CWD, None when it names nothing."""
+    proc = run(cwd, "rev-parse", "-q", "--verify", revision)
+    return proc.stdout.strip() if proc.returncode == 0 else None

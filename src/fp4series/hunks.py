@@ -17,7 +17,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from fp4series.series import Hunk, Patch
+from fp4series.patch import Hunk, Patch
 
 MAX_SHOWN = 6
 

@@ -37,7 +37,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from fp4series import paths
-from fp4series.errors import SeriesError, report
+from fp4series.errors import SeriesError, report, run_main
 from fp4series.lock import Lock, Release, load_lock
 
 PIN_SUITES = ("tests/tooling", "tests/sglang", "tests/serve", "tests/gpu")
@@ -181,4 +181,4 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    run_main(main)

@@ -280,6 +280,30 @@ def _write_checked(lock_path: Path, lines: list[str]) -> None:
     write_atomically(lock_path, text.encode("utf-8"), check=load_lock)
 
 
+def _update_entry(
+    lock_path: Path,
+    table: str,
+    version: str,
+    values: dict[str, str],
+    new_only: dict[str, str] | None = None,
+) -> None:
+    """Set VALUES in the ``[[TABLE]]`` entry of VERSION, in place (comments and order kept),
+    or append a new entry (version, NEW_ONLY, then VALUES); write it checked."""
+    lines = lock_path.read_text(encoding="utf-8").splitlines()
+    version_pat = re.compile(rf'^\s*version\s*=\s*"{re.escape(version)}"')
+    for name, start, end in _blocks(lines):
+        if name == f"{table}[]" and any(version_pat.match(x) for x in lines[start + 1 : end]):
+            for key, value in values.items():
+                _set_key(lines, start, end, key, value)
+            break
+    else:
+        while lines and not lines[-1].strip():
+            lines.pop()
+        lines += ["", f"[[{table}]]", f'version = "{version}"']
+        lines += [f'{key} = "{value}"' for key, value in {**(new_only or {}), **values}.items()]
+    _write_checked(lock_path, lines)
+
+
 def record_target_sha256(lock_path: Path | str, version: str, filename: str, sha256: str) -> None:
     """Record a rebase target's wheel file name and sha256 in the lock text, keeping comments."""
     lock_path = Path(lock_path)
@@ -292,26 +316,9 @@ def record_target_sha256(lock_path: Path | str, version: str, filename: str, sha
             f"{version} is the pin; its sha256 is fixed by hand",
             hint="edit [pin] in upstream.lock deliberately if the pin itself changes",
         )
-    lines = lock_path.read_text(encoding="utf-8").splitlines()
-    version_pat = re.compile(rf'^\s*version\s*=\s*"{re.escape(version)}"')
-    for name, start, end in _blocks(lines):
-        if name == "targets[]" and any(version_pat.match(x) for x in lines[start + 1 : end]):
-            _set_key(lines, start, end, "sha256", sha256)
-            _set_key(lines, start, end, "wheel_filename", filename)
-            break
-    else:
-        while lines and not lines[-1].strip():
-            lines.pop()
-        lines += [
-            "",
-            "[[targets]]",
-            f'version = "{version}"',
-            f'tag = "v{version}"',
-            f'commit = "{UNRESOLVED}"',
-            f'wheel_filename = "{filename}"',
-            f'sha256 = "{sha256}"',
-        ]
-    _write_checked(lock_path, lines)
+    values = {"wheel_filename": filename, "sha256": sha256}
+    new_only = {"tag": f"v{version}", "commit": UNRESOLVED}
+    _update_entry(lock_path, "targets", version, values, new_only)
 
 
 def record_pin_commit(lock_path: Path | str, commit: str) -> None:
@@ -350,21 +357,4 @@ def record_line(lock_path: Path | str, version: str, patches: str, rebased_from:
             hint=f"record them first: scripts/rebase-check.sh --releases {version}",
         )
     lock.release(rebased_from)  # a known release, or SeriesError naming the known ones
-    lines = lock_path.read_text(encoding="utf-8").splitlines()
-    version_pat = re.compile(rf'^\s*version\s*=\s*"{re.escape(version)}"')
-    for name, start, end in _blocks(lines):
-        if name == "lines[]" and any(version_pat.match(x) for x in lines[start + 1 : end]):
-            _set_key(lines, start, end, "patches", patches)
-            _set_key(lines, start, end, "rebased_from", rebased_from)
-            break
-    else:
-        while lines and not lines[-1].strip():
-            lines.pop()
-        lines += [
-            "",
-            "[[lines]]",
-            f'version = "{version}"',
-            f'patches = "{patches}"',
-            f'rebased_from = "{rebased_from}"',
-        ]
-    _write_checked(lock_path, lines)
+    _update_entry(lock_path, "lines", version, {"patches": patches, "rebased_from": rebased_from})

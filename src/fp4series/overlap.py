@@ -1,381 +1,20 @@
-"""Raw diff model of series patches and the overlap graph between them.
+"""The overlap graph between series patches, and why each patch needs an earlier one.
 
-The rebase check and the split need more than a patch's hunks: they rebuild single-hunk patches,
-rewrite paths when upstream moved a file, and walk line numbers through the series. This module
-keeps each file's git header (``index <old>..<new>`` with full blob ids, modes) so rebuilt patches
-stay usable by ``git apply --3way``.
-
-Overlap: patch B (later in the series) overlaps patch A when one of B's hunks covers lines that A
-added or changed, after mapping A's lines forward through the patches between them; B then cannot
-be applied (or reviewed as a PR) without A, so A must land first.
+Patch B (later in the series) overlaps patch A when one of B's hunks covers lines that A added
+or changed, after mapping A's lines forward through the patches between them; B then cannot be
+applied (or reviewed as a PR) without A, so A must land first. The split orders its branches by
+this, the rebase check stacks patches by it. Patches come from fp4series.patch (one model).
 """
 
 from __future__ import annotations
 
-import argparse
-import json
 import re
-import sys
 from collections.abc import Iterable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 
 from fp4series.errors import SeriesError
-from fp4series.paths import default_patches_dir
-from fp4series.series import SERIES_FILE, load_series, parse_trailers
-
-HUNK_RE = re.compile(r"^@@ -(\d+)(?:,(\d+))? \+(\d+)(?:,(\d+))? @@(.*)$")
-
-
-@dataclass
-class Hunk:
-    """One ``@@`` hunk; ``lines`` keep their ' ', '+', '-', '\\' prefixes and newlines."""
-
-    old_start: int
-    old_len: int
-    new_start: int
-    new_len: int
-    header: str
-    lines: list[str]
-
-    @property
-    def section(self) -> str:
-        """The function/section name git printed after the ``@@`` (may be empty)."""
-        m = HUNK_RE.match(self.header.rstrip("\n"))
-        return m.group(5).strip() if m else ""
-
-    def old_lines(self) -> list[str]:
-        """Pre-image text lines (context + removed), without prefixes."""
-        return [ln[1:] for ln in self.lines if ln[:1] in (" ", "-")]
-
-    def new_lines(self) -> list[str]:
-        """Post-image text lines (context + added), without prefixes."""
-        return [ln[1:] for ln in self.lines if ln[:1] in (" ", "+")]
-
-    def added(self) -> list[str]:
-        return [ln[1:] for ln in self.lines if ln[:1] == "+"]
-
-    def removed(self) -> list[str]:
-        return [ln[1:] for ln in self.lines if ln[:1] == "-"]
-
-    def text(self) -> str:
-        return self.header + "".join(self.lines)
-
-    def label(self, index: int) -> str:
-        """Human name of the hunk: number, ranges and section."""
-        sec = f" {self.section}" if self.section else ""
-        return (
-            f"hunk #{index + 1} @@ -{self.old_start},{self.old_len} "
-            f"+{self.new_start},{self.new_len} @@{sec}"
-        )
-
-
-@dataclass
-class FileDiff:
-    """One ``diff --git`` section: its header lines (up to the first hunk) and its hunks."""
-
-    old_path: str | None
-    new_path: str | None
-    header: list[str]
-    hunks: list[Hunk] = field(default_factory=list)
-    binary: bool = False
-
-    @property
-    def path(self) -> str:
-        """The path the patch reads (old side), or the created path for new files."""
-        return self.old_path or self.new_path or ""
-
-    @property
-    def is_new(self) -> bool:
-        return self.old_path is None
-
-    @property
-    def is_deleted(self) -> bool:
-        return self.new_path is None
-
-    @property
-    def is_rename(self) -> bool:
-        return (
-            self.old_path is not None
-            and self.new_path is not None
-            and self.old_path != self.new_path
-        )
-
-    @property
-    def blobs(self) -> tuple[str, str] | None:
-        """(pre-image blob id, post-image blob id) from the ``index`` line."""
-        for ln in self.header:
-            m = re.match(r"^index ([0-9a-f]+)\.\.([0-9a-f]+)", ln)
-            if m:
-                return m.group(1), m.group(2)
-        return None
-
-    def text(
-        self, hunks: Sequence[Hunk] | None = None, rename: dict[str, str] | None = None
-    ) -> str:
-        """Render the section, optionally with a subset of hunks and paths rewritten."""
-        header = list(self.header)
-        if rename:
-            header = [_rewrite_header_line(ln, rename) for ln in header]
-        chosen = self.hunks if hunks is None else hunks
-        return "".join(header) + "".join(h.text() for h in chosen)
-
-
-def _rewrite_header_line(line: str, rename: dict[str, str]) -> str:
-    body = line.rstrip("\n")
-    for old, new in rename.items():
-        if body.startswith("diff --git "):
-            body = body.replace(f" a/{old}", f" a/{new}").replace(f" b/{old}", f" b/{new}")
-        elif body in (f"--- a/{old}", f"+++ b/{old}"):
-            body = body[:6] + new
-        elif body.startswith(("rename from ", "rename to ", "copy from ", "copy to ")):
-            words = body.split(" ", 2)
-            if words[2] == old:
-                body = f"{words[0]} {words[1]} {new}"
-    return body + "\n"
-
-
-@dataclass
-class ParsedDiff:
-    """A format-patch file split into its mail header and its per-file diffs."""
-
-    preamble: str
-    files: list[FileDiff]
-
-    def text(self, rename: dict[str, str] | None = None) -> str:
-        """The diff part only (what ``git apply`` needs), optionally with paths rewritten."""
-        return "".join(f.text(rename=rename) for f in self.files)
-
-    def all_hunks(self) -> list[tuple[FileDiff, int, Hunk]]:
-        return [(f, i, h) for f in self.files for i, h in enumerate(f.hunks)]
-
-
-def _strip_prefix(p: str) -> str | None:
-    p = p.strip()
-    if p == "/dev/null":
-        return None
-    if p.startswith('"') and p.endswith('"'):
-        p = p[1:-1]
-    return p[2:] if p[:2] in ("a/", "b/") else p
-
-
-def parse_diff(text: str) -> ParsedDiff:
-    """Parse a format-patch (or git diff) text; hunk bodies are bounded by their line counts."""
-    lines = text.splitlines(keepends=True)
-    i = 0
-    n = len(lines)
-    while i < n and not lines[i].startswith("diff --git "):
-        i += 1
-    preamble = "".join(lines[:i])
-    files: list[FileDiff] = []
-    while i < n:
-        if not lines[i].startswith("diff --git "):
-            i += 1  # trailing signature ("-- \n2.39.5") or junk between sections
-            continue
-        m = re.match(r"^diff --git (\S+) (\S+)", lines[i])
-        a_path = _strip_prefix(m.group(1)) if m else None
-        b_path = _strip_prefix(m.group(2)) if m else None
-        header = [lines[i]]
-        i += 1
-        old_path, new_path = a_path, b_path
-        binary = False
-        while i < n and not lines[i].startswith(("@@ ", "diff --git ")):
-            ln = lines[i]
-            if ln.startswith("--- "):
-                old_path = _strip_prefix(ln[4:].rstrip("\n"))
-            elif ln.startswith("+++ "):
-                new_path = _strip_prefix(ln[4:].rstrip("\n"))
-            elif ln.startswith("new file mode"):
-                old_path = None
-            elif ln.startswith("deleted file mode"):
-                new_path = None
-            elif ln.startswith("rename from "):
-                old_path = ln[len("rename from ") :].rstrip("\n")
-            elif ln.startswith("rename to "):
-                new_path = ln[len("rename to ") :].rstrip("\n")
-            elif ln.startswith(("GIT binary patch", "Binary files ")):
-                binary = True
-            header.append(ln)
-            i += 1
-        fd = FileDiff(old_path, new_path, header, binary=binary)
-        while i < n and lines[i].startswith("@@ "):
-            hm = HUNK_RE.match(lines[i].rstrip("\n"))
-            if not hm:
-                raise SeriesError(
-                    f"malformed hunk header: {lines[i].rstrip()!r}",
-                    hint="regenerate the patch with `git format-patch --full-index`",
-                )
-            old_len = int(hm.group(2)) if hm.group(2) is not None else 1
-            new_len = int(hm.group(4)) if hm.group(4) is not None else 1
-            hunk = Hunk(int(hm.group(1)), old_len, int(hm.group(3)), new_len, lines[i], [])
-            i += 1
-            o, nn = old_len, new_len
-            while i < n and (o > 0 or nn > 0):
-                ln = lines[i]
-                tag = ln[:1]
-                if tag == " " or ln in ("\n", "\r\n"):
-                    if ln in ("\n", "\r\n"):  # context line whose leading space was eaten
-                        ln = " " + ln
-                    o -= 1
-                    nn -= 1
-                elif tag == "-":
-                    o -= 1
-                elif tag == "+":
-                    nn -= 1
-                elif tag == "\\":
-                    pass
-                else:
-                    raise SeriesError(
-                        f"hunk {hunk.header.strip()!r} of {fd.path} ends early at {ln.rstrip()!r}",
-                        hint="the patch file is truncated or hand-edited; regenerate it",
-                    )
-                hunk.lines.append(ln)
-                i += 1
-            while i < n and lines[i].startswith("\\"):
-                hunk.lines.append(lines[i])
-                i += 1
-            fd.hunks.append(hunk)
-        files.append(fd)
-    return ParsedDiff(preamble, files)
-
-
-def split_list(value: str) -> list[str]:
-    """Split a trailer value on commas and whitespace."""
-    return [t for t in re.split(r"[,\s]+", value.strip()) if t]
-
-
-@dataclass
-class PatchDoc:
-    """One series patch: file name, raw text, parsed diff and trailers."""
-
-    name: str
-    path: Path
-    text: str
-    diff: ParsedDiff
-    subject: str
-    message: str
-    trailers: dict[str, str]
-
-    @property
-    def stem(self) -> str:
-        """``0004-marlin-utils-fp4.patch`` -> ``marlin-utils-fp4``."""
-        base = self.name[: -len(".patch")] if self.name.endswith(".patch") else self.name
-        return re.sub(r"^\d{4}-", "", base)
-
-    @property
-    def provides(self) -> list[str]:
-        return split_provides(self.trailers.get("Provides", ""))
-
-    @property
-    def depends_on(self) -> list[str]:
-        return split_list(self.trailers.get("Depends-On", ""))
-
-    @property
-    def tests(self) -> list[str]:
-        return split_list(self.trailers.get("Tests", ""))
-
-    @property
-    def group(self) -> str | None:
-        g = self.trailers.get("Group", "").strip()
-        return g or None
-
-    @property
-    def files(self) -> list[str]:
-        return [f.new_path or f.old_path or "" for f in self.diff.files]
-
-
-def split_provides(value: str) -> list[str]:
-    """Split ``Provides:`` on commas, keeping ``func(a, b)`` parameter lists together."""
-    out: list[str] = []
-    depth = 0
-    cur = ""
-    for ch in value:
-        if ch == "(":
-            depth += 1
-        elif ch == ")":
-            depth -= 1
-        if (ch == "," or ch.isspace()) and depth == 0:
-            if cur.strip():
-                out.append(cur.strip())
-            cur = ""
-            continue
-        cur += ch
-    if cur.strip():
-        out.append(cur.strip())
-    return out
-
-
-def _subject_and_message(preamble: str) -> tuple[str, str]:
-    lines = preamble.splitlines()
-    subject = ""
-    body_start = len(lines)
-    for idx, ln in enumerate(lines):
-        if ln.startswith("Subject: "):
-            subject = ln[len("Subject: ") :]
-            j = idx + 1
-            while j < len(lines) and lines[j].startswith((" ", "\t")):  # folded subject
-                subject += " " + lines[j].strip()
-                j += 1
-            body_start = j
-            break
-    body: list[str] = []
-    for ln in lines[body_start:]:
-        if ln == "---":
-            break
-        body.append(ln)
-    subject = re.sub(r"^\[PATCH[^\]]*\]\s*", "", subject)
-    return subject, "\n".join(body).strip("\n")
-
-
-def load_patch(path: Path) -> PatchDoc:
-    """Read and parse one patch file."""
-    try:
-        text = path.read_text(encoding="utf-8")
-    except OSError as exc:
-        raise SeriesError(f"cannot read patch {path}: {exc}", hint="check the series file") from exc
-    diff = parse_diff(text)
-    if not diff.files:
-        raise SeriesError(
-            f"{path.name} holds no diff", hint="regenerate it with `git format-patch --full-index`"
-        )
-    subject, message = _subject_and_message(diff.preamble)
-    return PatchDoc(path.name, path, text, diff, subject, message, parse_trailers(message))
-
-
-def load_patch_docs(patches_dir: Path, only: Iterable[str] | None = None) -> list[PatchDoc]:
-    """Load the series in order; series.load_series validates the order file and its names."""
-    loaded = load_series(patches_dir)
-    paths = [Path(item.path) for item in loaded]
-    trailers = {Path(item.path).name: item.trailers for item in loaded}
-    docs: list[PatchDoc] = []
-    wanted = set(only) if only else None
-    for p in paths:
-        doc = load_patch(p)
-        for key, val in trailers.get(p.name, {}).items():
-            if (
-                isinstance(val, str)
-                and key not in doc.trailers
-                and key
-                in (
-                    "Tests",
-                    "Provides",
-                    "Depends-On",
-                    "Upstream-Status",
-                    "Group",
-                )
-            ):
-                doc.trailers[key] = val
-        docs.append(doc)
-    if wanted is not None:
-        known = {d.name for d in docs} | {d.stem for d in docs}
-        unknown = sorted(w for w in wanted if w not in known)
-        if unknown:
-            raise SeriesError(
-                f"not in the series: {', '.join(unknown)}",
-                hint=f"choose from: {', '.join(d.name for d in docs)}",
-            )
-    return docs
-
+from fp4series.patch import FileDiff, Hunk, Patch, line_kind
 
 # ---------------------------------------------------------------------------------------------
 # Line bookkeeping and overlaps
@@ -391,7 +30,7 @@ def changed_new_lines(h: Hunk) -> tuple[list[int], list[int]]:
     n = h.new_start if h.new_len else h.new_start + 1
     prev_removed = False
     for ln in h.lines:
-        tag = ln[:1]
+        tag = line_kind(ln)
         if tag == "+":
             added.append(n)
             n += 1
@@ -420,7 +59,7 @@ def map_line(line: int, hunks: Sequence[Hunk]) -> int | None:
         o = start
         nn = h.new_start if h.new_len else h.new_start + 1
         for ln in h.lines:
-            tag = ln[:1]
+            tag = line_kind(ln)
             if tag == " ":
                 if o == line:
                     return nn
@@ -469,14 +108,14 @@ def _ranges(nums: Iterable[int]) -> list[tuple[int, int]]:
 
 
 def _file_key(fd: FileDiff) -> str:
-    return fd.new_path or fd.old_path or ""
+    return fd.path
 
 
-def compute_overlaps(docs: Sequence[PatchDoc]) -> list[Overlap]:
+def compute_overlaps(docs: Sequence[Patch]) -> list[Overlap]:
     """Every (earlier, later, file) where the later patch touches lines the earlier one changed."""
     out: list[Overlap] = []
     for ai, a in enumerate(docs):
-        for fa in a.diff.files:
+        for fa in a.changes:
             key = _file_key(fa)
             # marks: post-A line numbers of added lines and deletion points, walked forward.
             added: dict[int, int] = {}  # current line -> original post-A line
@@ -488,7 +127,7 @@ def compute_overlaps(docs: Sequence[PatchDoc]) -> list[Overlap]:
             if not added and not points and not fa.is_new:
                 continue
             for b in docs[ai + 1 :]:
-                fbs = [f for f in b.diff.files if f.old_path == key]
+                fbs = [f for f in b.changes if f.old_path == key]
                 for fb in fbs:
                     edit_hit: set[int] = set()
                     ctx_hit: set[int] = set()
@@ -498,7 +137,7 @@ def compute_overlaps(docs: Sequence[PatchDoc]) -> list[Overlap]:
                         o = start
                         prev: int | None = None
                         for ln in h.lines:
-                            tag = ln[:1]
+                            tag = line_kind(ln)
                             if tag not in (" ", "-"):
                                 continue
                             if o in added:
@@ -533,12 +172,12 @@ def compute_overlaps(docs: Sequence[PatchDoc]) -> list[Overlap]:
                         for cur, orig in points.items()
                         if (m := map_line(cur, fb.hunks)) is not None
                     }
-                if any(f.old_path == key and f.is_deleted for f in b.diff.files):
+                if any(f.old_path == key and f.is_deleted for f in b.changes):
                     break
     return out
 
 
-def use_patterns(doc: PatchDoc) -> dict[str, str]:
+def use_patterns(doc: Patch) -> dict[str, str]:
     """name -> regex of a use in a later patch that means it needs DOC: plain ``Provides:``
     names anywhere, ``A.b`` as an attribute (``.b``) or keyword (``b=``), ``f(p)`` parameters
     as keywords (``p=``), and Python modules DOC creates (by module name)."""
@@ -558,7 +197,7 @@ def use_patterns(doc: PatchDoc) -> dict[str, str]:
                 pats[last] = rf"\.{last}\b|\b{last}\s*=(?!=)"
         else:
             pats[last] = rf"\b{last}\b"
-    for f in doc.diff.files:
+    for f in doc.changes:
         if f.is_new and f.new_path and f.new_path.endswith(".py"):
             stem = Path(f.new_path).stem
             if len(stem) >= 6 and not stem.startswith("__"):
@@ -566,7 +205,7 @@ def use_patterns(doc: PatchDoc) -> dict[str, str]:
     return pats
 
 
-def explain_dependencies(docs: Sequence[PatchDoc]) -> dict[str, dict[str, list[str]]]:
+def explain_dependencies(docs: Sequence[Patch]) -> dict[str, dict[str, list[str]]]:
     """later patch -> earlier patch -> why it needs it: declared ``Depends-On``, overlapping
     lines, editing a file the earlier one created, or using a name it provides."""
     names = {d.name for d in docs}
@@ -591,7 +230,7 @@ def explain_dependencies(docs: Sequence[PatchDoc]) -> dict[str, dict[str, list[s
         add(ov.later, ov.earlier, f"{ov.kind} lines it wrote in {ov.file}")
     created: dict[str, str] = {}
     for d in docs:
-        for f in d.diff.files:
+        for f in d.changes:
             if f.old_path is not None and f.old_path in created and created[f.old_path] != d.name:
                 add(d.name, created[f.old_path], f"edits {f.old_path}, which it creates")
             if f.is_new and f.new_path:
@@ -601,14 +240,14 @@ def explain_dependencies(docs: Sequence[PatchDoc]) -> dict[str, dict[str, list[s
         if not pats:
             continue
         for b in docs[i + 1 :]:
-            added = [ln for f in b.diff.files for h in f.hunks for ln in h.added()]
+            added = [ln for f in b.changes for h in f.hunks for ln in h.added()]
             used = sorted(n for n, rx in pats.items() if any(rx.search(ln) for ln in added))
             if used:
                 add(b.name, a.name, "uses " + ", ".join(used))
     return why
 
 
-def derived_dependencies(docs: Sequence[PatchDoc]) -> dict[str, set[str]]:
+def derived_dependencies(docs: Sequence[Patch]) -> dict[str, set[str]]:
     """patch name -> earlier patches it needs (see ``explain_dependencies``)."""
     return {k: set(v) for k, v in explain_dependencies(docs).items()}
 
@@ -643,52 +282,3 @@ def format_overlaps(overlaps: Sequence[Overlap]) -> str:
             f"{rs(ov.earlier_ranges)} (its post-image)"
         )
     return "\n".join(lines)
-
-
-def cmd_overlap(args: argparse.Namespace) -> int:
-    docs = load_patch_docs(Path(args.patches_dir), args.patches or None)
-    if not docs and not args.patches:
-        raise SeriesError(
-            f"{args.patches_dir} holds no series (no {SERIES_FILE} file listing patches), "
-            "so there is nothing to compare",
-            hint="pass --patches-dir with the directory holding series and NNNN-*.patch "
-            f"(default: the project's {default_patches_dir()})",
-        )
-    if args.patches:
-        wanted = set(args.patches)
-        all_ov = compute_overlaps(load_patch_docs(Path(args.patches_dir)))
-        docs_names = {d.name for d in docs if d.name in wanted or d.stem in wanted}
-        overlaps = [o for o in all_ov if o.earlier in docs_names or o.later in docs_names]
-    else:
-        overlaps = compute_overlaps(docs)
-    if args.json:
-        json.dump([o.as_dict() for o in overlaps], sys.stdout, indent=2)
-        sys.stdout.write("\n")
-    else:
-        print(format_overlaps(overlaps))
-        why = explain_dependencies(load_patch_docs(Path(args.patches_dir)))
-        rows = [
-            f"  {later} needs {earlier}: {'; '.join(reasons)}"
-            for later, deps in why.items()
-            for earlier, reasons in deps.items()
-        ]
-        print("\nPR order constraints (why each patch needs an earlier one):")
-        print("\n".join(rows) if rows else "  none: every patch stands on the pin alone")
-    return 0
-
-
-def register_overlap(subparsers: argparse._SubParsersAction) -> None:
-    p = subparsers.add_parser(
-        "overlap",
-        help="show which lines two patches both touch (so PRs can be ordered)",
-        description=format_overlaps.__doc__,
-    )
-    p.add_argument(
-        "--patches-dir",
-        type=Path,
-        default=default_patches_dir(),
-        help="directory with series + patches (default: the project's patches/, from any cwd)",
-    )
-    p.add_argument("patches", nargs="*", help="limit to pairs involving these patches")
-    p.add_argument("--json", action="store_true", help="print JSON instead of text")
-    p.set_defaults(func=cmd_overlap)

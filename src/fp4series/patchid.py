@@ -16,10 +16,10 @@ Public API (stable):
 from __future__ import annotations
 
 import re
-import subprocess
 from dataclasses import dataclass
 from pathlib import Path
 
+from fp4series import gitops
 from fp4series.digest import sha256_file
 from fp4series.errors import SeriesError
 
@@ -32,17 +32,9 @@ def file_sha256(path: Path) -> str:
 
 def stable_patch_id(text: str) -> str | None:
     """`git patch-id --stable` of a patch (format-patch file or plain diff)."""
-    try:
-        proc = subprocess.run(
-            ["git", "patch-id", "--stable"],
-            input=text.encode("utf-8", "surrogateescape"),
-            capture_output=True,
-            check=False,
-        )
-    except OSError as exc:
-        raise SeriesError(
-            f"cannot run git patch-id: {exc}", hint="install git (2.30 or newer)"
-        ) from exc
+    proc = gitops.run(
+        None, "patch-id", "--stable", input=text.encode("utf-8", "surrogateescape"), text=False
+    )
     if proc.returncode != 0:
         raise SeriesError(
             f"git patch-id --stable failed: {proc.stderr.decode(errors='replace').strip()}",

@@ -12,19 +12,17 @@ test collected) is a wiring failure, never a pass.
 
 from __future__ import annotations
 
-import argparse
 import importlib.util
 import os
 import shutil
 import subprocess
-import sys
 import time
 import xml.etree.ElementTree as ET
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from fp4series.errors import SeriesError
-from fp4series.line import Line, add_line_option, resolve_line
+from fp4series.line import Line, resolve_line
 
 NON_CPU_KINDS = ("gpu", "bench")
 PYTEST_NO_TESTS = 5
@@ -328,76 +326,3 @@ def _prefixes_step(
         tally.failed += 1
         tally.failures.append("prefixes")
         return 1
-
-
-def _paths(args: argparse.Namespace) -> tuple[Path, Path, Path, Line]:
-    from fp4series.paths import project_root
-    from fp4series.workspace import venv_python
-
-    root = project_root()
-    line = resolve_line(args.line, root=root)
-    checkout = Path(args.checkout or line.checkout).resolve()
-    python = Path(args.python) if args.python else venv_python(line.venv)
-    if not python.exists():
-        if not line.is_pin:
-            raise SeriesError(
-                f"{python} does not exist: {line.label} has its own test venv",
-                hint=f"run scripts/main.sh --line {line.version} (or scripts/build.sh --line "
-                f"{line.version} {line.checkout}) first",
-            )
-        python = Path(sys.executable)
-    return root, checkout, python, line
-
-
-def _cmd_prefixes(args: argparse.Namespace) -> int:
-    from fp4series.workspace import resolve_base
-
-    root, checkout, python, line = _paths(args)
-    if not (checkout / ".git").exists():
-        raise SeriesError(f"{checkout} is not a git checkout", hint="run scripts/main.sh first")
-    tally = Tally()
-    rc = run_prefixes(
-        checkout, root=root, python=python, base=resolve_base(checkout, args.base or line.tag),
-        tally=tally, only=args.only, pytest_args=_strip_dashdash(args.pytest_args), line=line,
-    )  # fmt: skip
-    print(f"{tally.passed} passed, {tally.failed} failed, {tally.skipped} skipped")
-    return rc
-
-
-def _cmd_test(args: argparse.Namespace) -> int:
-    root, checkout, python, line = _paths(args)
-    pytest_args = _strip_dashdash(args.pytest_args)
-    named = bool(args.checkout)
-    return run_all(root, python, checkout, pytest_args, line=line, checkout_named=named)
-
-
-def _strip_dashdash(args: list[str]) -> list[str]:
-    return args[1:] if args[:1] == ["--"] else args
-
-
-def register(subparsers: argparse._SubParsersAction) -> None:
-    p = subparsers.add_parser(
-        "test-prefixes",
-        help="for k = 1..n run the CPU tests named by patches 1..k on a worktree of commit k",
-    )
-    p.add_argument("checkout", nargs="?", help="series checkout (default .work/checkout)")
-    add_line_option(p)
-    p.add_argument("--base", help="commit of the pin (default: the lock's tag)")
-    p.add_argument("--only", type=int, help="run prefix K only")
-    p.add_argument("--python", help="interpreter with the test deps (default .work/venv)")
-    p.add_argument("pytest_args", nargs=argparse.REMAINDER, help="extra pytest args after --")
-    p.set_defaults(func=_cmd_prefixes)
-    t = subparsers.add_parser(
-        "test",
-        help="tests/tooling, tests/sglang, tests/gpu, check-reports and every prefix "
-        "(what scripts/test.sh runs)",
-    )
-    t.add_argument("--checkout", help="series checkout (default .work/checkout)")
-    add_line_option(t)
-    t.add_argument("--python", help="interpreter with the test deps (default .work/venv)")
-    t.add_argument(
-        "pytest_args",
-        nargs=argparse.REMAINDER,
-        help="if given: one targeted pytest run with these args instead of the full run",
-    )
-    t.set_defaults(func=_cmd_test)

@@ -1,7 +1,9 @@
-"""The README's tables, generated from their sources so that they cannot drift.
+"""The documents' tables, generated from their sources so that they cannot drift.
 
 A generated block sits between ``<!-- generated: NAME -->`` and ``<!-- end generated: NAME -->``
-in README.md; everything else in the README is prose written by hand. Blocks:
+in README.md or any docs/*.md (DOCUMENTS); everything else there is prose written by hand. A
+block may stand in any of them: its NAME says what fills it (GENERATORS; to add a table, add
+its function there and put the two markers where it belongs). Blocks:
   series      patches/series and each patch's subject, Upstream-Status and Tests: trailer
   line-V      the maintained line on release V (patches/V): its patches with the source patch
               each came from, then every source patch it dropped and where upstream has it
@@ -15,20 +17,20 @@ exits 1 naming the blocks that differ (CI runs it).
 
 from __future__ import annotations
 
-import argparse
 import json
 import re
 from collections.abc import Callable, Iterable, Mapping
 from pathlib import Path
 from typing import Any
 
-from fp4series import paths, report
+from fp4series import report
 from fp4series.errors import SeriesError
 
 BLOCK = re.compile(
     r"(<!-- generated: (?P<name>[\w.-]+) -->\n)(?P<body>.*?)(<!-- end generated: (?P=name) -->)",
     re.S,
 )
+DOCUMENTS = ("README.md", "docs/*.md")  # where generated blocks are looked for
 M_RANGES = (("M <= 8", (1, 2, 4, 8)), ("M = 16", (16,)), ("M = 32", (32,)),
             ("M 64-128", (64, 128)), ("M 256-1024", (256, 1024)))  # fmt: skip
 
@@ -66,7 +68,7 @@ def line_table(root: Path, version: str) -> str:
     """The line on VERSION: what it carries (and from which source patch), what it dropped."""
     from fp4series import series
     from fp4series.line import resolve_line
-    from fp4series.rebase.record import DROPPED, TRAILER, parse_dropped
+    from fp4series.replay.record import DROPPED, TRAILER, parse_dropped
 
     line = resolve_line(version, root=root)
     rows = []
@@ -212,33 +214,9 @@ def render(text: str, root: Path) -> tuple[str, list[str]]:
     return BLOCK.sub(one, text), changed
 
 
-def _cmd_readme(args: argparse.Namespace) -> int:
-    root = paths.project_root()
-    readme = Path(args.readme) if args.readme else root / "README.md"
-    text = readme.read_text(encoding="utf-8")
-    new, changed = render(text, root)
-    if args.check:
-        if changed:
-            print(f"{readme}: generated blocks out of date: {', '.join(changed)}")
-            print("  what to do: run `python -m fp4series readme` and commit README.md")
-            return 1
-        print(f"{readme}: generated blocks up to date")
-        return 0
-    if changed:
-        tmp = readme.with_name(readme.name + ".tmp")
-        tmp.write_text(new, encoding="utf-8")
-        tmp.replace(readme)
-    print(f"{readme}: rewrote {', '.join(changed) or 'nothing (up to date)'}")
-    return 0
-
-
-def register(subparsers: argparse._SubParsersAction) -> None:
-    p = subparsers.add_parser(
-        "readme",
-        help="regenerate the README's tables from patches/ and reports/ (--check: CI)",
-        description=__doc__,
-        formatter_class=argparse.RawDescriptionHelpFormatter,
-    )
-    p.add_argument("--check", action="store_true", help="change nothing; exit 1 on drift")
-    p.add_argument("--readme", help="default: the project's README.md")
-    p.set_defaults(func=_cmd_readme)
+def documents(root: Path) -> list[Path]:
+    """The files that may hold generated blocks, in a stable order."""
+    found: list[Path] = []
+    for pattern in DOCUMENTS:
+        found += sorted(root.glob(pattern))
+    return found

@@ -60,7 +60,6 @@ Public API:
 
 from __future__ import annotations
 
-import argparse
 import email
 import email.utils
 import json
@@ -76,19 +75,17 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
+from fp4series import gitops
 from fp4series import split_guard as guard
 from fp4series.errors import SeriesError
 from fp4series.overlap import (
-    PatchDoc,
     dependency_closure,
     derived_dependencies,
     explain_dependencies,
-    load_patch_docs,
-    register_overlap,
 )
+from fp4series.patch import Patch, message_lines, parse_trailers
 from fp4series.patchid import patch_identity
-from fp4series.paths import inside, remove_tree_inside, safe_name
-from fp4series.series import parse_trailers
+from fp4series.paths import inside, remove_tree_inside, safe_name, write_atomically
 
 BRANCH_PREFIX = "nvfp4-marlin/"
 UPSTREAM_REPO = "sgl-project/sglang"
@@ -143,15 +140,15 @@ class Unit:
     """One PR: a patch, or a Group: of patches, and the earlier patches it needs."""
 
     name: str
-    members: list[PatchDoc]
-    deps: list[PatchDoc]
+    members: list[Patch]
+    deps: list[Patch]
 
     @property
     def branch(self) -> str:
         return BRANCH_PREFIX + self.name
 
     @property
-    def patches(self) -> list[PatchDoc]:
+    def patches(self) -> list[Patch]:
         """Everything on the branch, deps first, in series order."""
         return self.deps + self.members
 
@@ -179,7 +176,7 @@ class SplitResult:
     warnings: list[str] = field(default_factory=list)  # description wording to reword
 
 
-def unit_name(doc: PatchDoc) -> str:
+def unit_name(doc: Patch) -> str:
     """The unit a patch belongs to: its Group: or its stem. It names a branch, a directory and
     a file under the split's out dir, so it must be a plain name (the linter checks it too)."""
     if doc.group is None:
@@ -192,11 +189,11 @@ def unit_name(doc: PatchDoc) -> str:
     )
 
 
-def plan_units(docs: Sequence[PatchDoc], only: Sequence[str] | None = None) -> list[Unit]:
+def plan_units(docs: Sequence[Patch], only: Sequence[str] | None = None) -> list[Unit]:
     """Units in series order with their dependency closure (declared + derived from overlaps)."""
     deps = derived_dependencies(docs)
     order = {d.name: i for i, d in enumerate(docs)}
-    groups: dict[str, list[PatchDoc]] = {}
+    groups: dict[str, list[Patch]] = {}
     for d in docs:
         groups.setdefault(unit_name(d), []).append(d)
     units: list[Unit] = []
@@ -241,18 +238,13 @@ def unit_of(units_all: Sequence[Unit], patch_name: str) -> str | None:
 def _git(
     repo: Path, *args: str, env: dict[str, str] | None = None, check: bool = True
 ) -> subprocess.CompletedProcess[str]:
-    full_env = dict(os.environ)
-    full_env.pop("GIT_DIR", None)
-    full_env.pop("GIT_INDEX_FILE", None)
-    if env:
-        full_env.update(env)
-    proc = subprocess.run(["git", *args], cwd=repo, capture_output=True, text=True, env=full_env)
-    if check and proc.returncode != 0:
-        raise SeriesError(
-            f"git {' '.join(args)} failed in {repo}: {proc.stderr.strip() or proc.stdout.strip()}",
-            hint="check the repository state (git status) and run the split again",
-        )
-    return proc
+    return gitops.run(
+        repo,
+        *args,
+        env=env,
+        check=check,
+        hint="check the repository state (git status) and run the split again",
+    )
 
 
 def _committer_env(repo: Path, patch_text: str = "") -> dict[str, str]:
@@ -325,13 +317,10 @@ def strip_trailers(text: str, drop: Sequence[str] = INTERNAL_TRAILERS) -> str:
     paragraph (continuation lines included); the diff and every other line are kept."""
     lines = text.split("\n")
     try:
-        blank = lines.index("", 1)  # end of the mail headers
+        start, end = message_lines(lines)
     except ValueError:
         return text
-    end = blank + 1
-    while end < len(lines) and lines[end] != "---" and not lines[end].startswith("diff --git "):
-        end += 1
-    message = lines[blank + 1 : end]
+    message = lines[start:end]
     last = len(message)
     while last > 0 and not message[last - 1].strip():
         last -= 1
@@ -360,7 +349,7 @@ def strip_trailers(text: str, drop: Sequence[str] = INTERNAL_TRAILERS) -> str:
         body += ["", *kept] if body else kept
     tail = message[last:]
     new_message = body + (tail if tail else [""])
-    return "\n".join(lines[: blank + 1] + new_message + lines[end:])
+    return "\n".join(lines[:start] + new_message + lines[end:])
 
 
 @dataclass
@@ -458,7 +447,7 @@ def test_placements(unit: Unit) -> list[TestPlacement]:
             if "=" in entry:
                 src, dest = entry.split("=", 1)
                 declared[src] = dest
-        for t in m.tests:
+        for t in m.tests():
             if re.match(r"^(gpu|bench):", t):
                 continue
             src = t.split("::", 1)[0]
@@ -470,10 +459,15 @@ def test_placements(unit: Unit) -> list[TestPlacement]:
     return out
 
 
+SHARED_TEST_HELPERS = "tests/sglang"  # the SGLang CPU harness every line's tests import
+
+
 def _support_files(project: Path, src: Path) -> list[Path]:
-    """conftest.py beside SRC and the sibling modules SRC or they import (helpers, or another
-    test file whose builders a test reuses)."""
+    """conftest.py beside SRC and the modules SRC or they import, found beside it or in the
+    shared SGLang CPU harness (SHARED_TEST_HELPERS): helpers, or another test file whose
+    builders a test reuses. They are placed beside the test."""
     here = src.parent
+    folders = [here, project / SHARED_TEST_HELPERS]
     found: list[Path] = []
     todo = [src] + ([here / "conftest.py"] if (here / "conftest.py").is_file() else [])
     while todo:
@@ -484,8 +478,8 @@ def _support_files(project: Path, src: Path) -> list[Path]:
         for name in re.findall(r"^\s*(?:from|import)\s+(\w+)", text, re.M) + re.findall(
             r"import_module\(\"(\w+)\"\)", text
         ):
-            cand = here / f"{name}.py"
-            if cand.is_file() and cand not in found and cand != src:
+            cand = next((d / f"{name}.py" for d in folders if (d / f"{name}.py").is_file()), None)
+            if cand is not None and cand not in found and cand != src:
                 todo.append(cand)
     return found
 
@@ -573,7 +567,7 @@ def runnable_tests(unit: Unit) -> tuple[list[str], list[str]]:
     run: list[str] = []
     skip: list[str] = []
     for m in unit.members:
-        for t in m.tests:
+        for t in m.tests():
             if re.match(r"^(gpu|bench):", t):
                 skip.append(t)
             elif t not in run:
@@ -742,7 +736,7 @@ def numerics_evidence(unit: Unit, report: Path) -> list[str]:
 def bench_evidence(unit: Unit, report: Path) -> list[str]:
     """Lines for Benchmarking from reports/h200/bench.json ``rows`` (times in microseconds)."""
     touches_speed = any("marlin" in f or "fp4" in f for m in unit.members for f in m.files) or any(
-        t.startswith("bench:") for m in unit.members for t in m.tests
+        t.startswith("bench:") for m in unit.members for t in m.tests()
     )
     if not touches_speed:
         return [
@@ -779,9 +773,9 @@ def bench_evidence(unit: Unit, report: Path) -> list[str]:
     return out
 
 
-def _diffstat(doc: PatchDoc) -> list[str]:
+def _diffstat(doc: Patch) -> list[str]:
     out = []
-    for f in doc.diff.files:
+    for f in doc.changes:
         add = sum(len(h.added()) for h in f.hunks)
         rem = sum(len(h.removed()) for h in f.hunks)
         what = " (new)" if f.is_new else " (deleted)" if f.is_deleted else ""
@@ -987,9 +981,7 @@ def load_record(out_dir: Path, log: Callable[[str], None] = print) -> dict[str, 
 def write_record(out_dir: Path, record: dict[str, Any]) -> Path:
     """Write the record atomically (a rename), so an interrupted split leaves the old one."""
     path = inside(out_dir / RECORD_FILE, out_dir)
-    tmp = path.with_name(RECORD_FILE + ".tmp")
-    tmp.write_text(json.dumps(record, indent=2) + "\n", encoding="utf-8")
-    os.replace(tmp, path)
+    write_atomically(path, (json.dumps(record, indent=2) + "\n").encode())
     return path
 
 
@@ -1099,7 +1091,7 @@ def _base_names(want: str, pin_version: str, pin_tag: str) -> tuple[str, str]:
 
 def split(
     repo: Path,
-    docs: Sequence[PatchDoc],
+    docs: Sequence[Patch],
     *,
     base: str,
     pin_version: str,
@@ -1221,7 +1213,7 @@ def _drop_new_tags(repo: Path, before: dict[str, str], log: Callable[[str], None
 
 def _build_all(
     repo: Path,
-    docs: Sequence[PatchDoc],
+    docs: Sequence[Patch],
     units: Sequence[Unit],
     units_all: Sequence[Unit],
     reasons: dict[str, dict[str, list[str]]],
@@ -1397,167 +1389,9 @@ def summary_rows(results: Sequence[SplitResult]) -> list[dict[str, Any]]:
     return rows
 
 
-def _default_python(root: Path) -> str:
+def default_python(root: Path) -> str:
     env = os.environ.get("FP4SERIES_PYTHON")
     if env:
         return env
     venv = root / ".work" / "venv" / "bin" / "python"
     return str(venv) if venv.exists() else sys.executable
-
-
-def _apply_line(args: argparse.Namespace, root: Path) -> None:
-    """--line V: the line's series on its own release, its venv, reports and split dir (any
-    option given explicitly wins)."""
-    from fp4series.line import resolve_line
-
-    line = resolve_line(args.line, lock_path=Path(args.lock) if args.lock else None, root=root)
-    if line.is_pin:
-        return
-    args.patches_dir = args.patches_dir or str(line.patches_dir)
-    args.base = line.version if args.base == "pin" else args.base
-    args.series_base = args.series_base or line.version
-    args.python = args.python or str(line.venv / "bin" / "python")
-    args.reports_dir = args.reports_dir or str(line.reports_dir)
-    args.out_dir = args.out_dir or str(line.work / "split")
-    args.rebase_report = str(line.rebase_matrix)
-
-
-def cmd_split(args: argparse.Namespace) -> int:
-    from fp4series import lock as lock_mod
-    from fp4series import paths
-
-    root = paths.project_root()
-    _apply_line(args, root)
-    repo = Path(args.repo).resolve()
-    lock = lock_mod.load_lock(Path(args.lock) if args.lock else paths.default_lock_path())
-    if not repo.exists():  # a fresh clone of the materialized base (CI, first use)
-        from fp4series.rebase_check import prepare_release
-
-        own = (args.series_base or lock.pin.version).lstrip("v")
-        version = own if args.base in ("pin", "auto") else args.base.lstrip("v")
-        rel = prepare_release(lock, version, root / ".work", paths.default_cache_dir())
-        _git(root, "clone", "-q", str(rel.repo), str(repo))
-        what = "pin" if version == lock.pin.version else f"release {version}"
-        print(f"{repo}: cloned from the materialized {what} {rel.repo}")
-    if not (repo / ".git").exists():
-        raise SeriesError(
-            f"{repo} is not the top of a git checkout",
-            hint="pass a materialized pin (scripts/fetch-upstream.sh DEST), an sglang clone, "
-            "or a path that does not exist yet (a clone of the pin is made there)",
-        )
-    docs = load_patch_docs(Path(args.patches_dir) if args.patches_dir else root / "patches")
-    if not docs:
-        raise SeriesError("the series is empty", hint="add patches to patches/series first")
-
-    def fetch_release(version: str) -> Path:
-        from fp4series.rebase_check import prepare_release
-
-        return prepare_release(lock, version, root / ".work", paths.default_cache_dir()).repo
-
-    runner = pytest_runner(args.python or _default_python(root), root) if args.run_tests else None
-    out_dir = Path(args.out_dir) if args.out_dir else root / ".work" / "split"
-    results = split(
-        repo,
-        docs,
-        base=args.base,
-        pin_version=lock.pin.version,
-        pin_tag=lock.pin.tag,
-        pin_commit=lock.pin.commit if lock.pin.commit_resolved else None,
-        out_dir=out_dir,
-        reports_dir=Path(args.reports_dir) if args.reports_dir else root / "reports" / "h200",
-        only=args.patches,
-        runner=runner,
-        fetch_release=fetch_release,
-        rebase_report=Path(
-            getattr(args, "rebase_report", None) or root / "reports/rebase-check.json"
-        ),
-        series_base=args.series_base,
-        keep_trailers=args.keep_trailers,
-        force=args.force or (),
-        project=root,
-    )
-    if any(not r.ok for r in results):
-        for r in results:
-            if not r.ok:
-                print(f"failed: {r.unit.branch}: {r.error}", file=sys.stderr)
-        return 1
-    print(f"\nRecord: {out_dir / RECORD_FILE}")
-    print("\nNothing was pushed. To open the PRs (in dependency order):")
-    newest = lock.lines[-1].version if lock.lines else None
-    if newest and not args.line and args.base in ("pin", lock.pin.version):
-        print(
-            f"  (these branches are on the pin {lock.pin.tag}; upstream takes PRs on its newest "
-            f"release: scripts/split.sh --line {newest} REPO makes them on v{newest})"
-        )
-    for r in results:
-        if r.ok and r.description is not None:
-            for c in push_commands(repo, r, r.description, args.remote):
-                print("  " + c)
-    bad = [r for r in results if not r.ok or (r.tests is not None and not r.tests.ok)]
-    for r in bad:
-        why = r.error or (r.tests.tail if r.tests else "")
-        print(f"failed: {r.unit.branch}: {why}", file=sys.stderr)
-    return 1 if bad else 0
-
-
-def register(subparsers: argparse._SubParsersAction) -> None:
-    p = subparsers.add_parser(
-        "split",
-        help="one upstream PR branch per patch (or Group:), with tests and a PR description",
-        description=__doc__,
-        formatter_class=argparse.RawDescriptionHelpFormatter,
-    )
-    p.add_argument(
-        "repo",
-        help="git checkout to create the branches in (a materialized pin or an sglang clone); "
-        "a path that does not exist yet gets a clone of the materialized base release (the pin "
-        "for --base pin/auto)",
-    )
-    p.add_argument(
-        "--base",
-        default="pin",
-        help="pin (default), a release version, or auto (newest release where it still applies)",
-    )
-    p.add_argument(
-        "--line",
-        metavar="VERSION",
-        help="split that series line: patches/VERSION on release VERSION, its venv for the "
-        "tests, reports/h200/VERSION, .work/lines/VERSION/split (default: the pin's line)",
-    )
-    p.add_argument("--patches", nargs="+", help="only these patches / groups (default: all)")
-    p.add_argument("--run-tests", action="store_true", help="run each branch's CPU Tests:")
-    p.add_argument("--python", help="interpreter for the tests (default: .work/venv or this one)")
-    p.add_argument("--patches-dir", help="series directory (default: the project's patches/)")
-    p.add_argument(
-        "--series-base",
-        metavar="VERSION",
-        help="the release the series is made on (default: the pin): on it patches must apply "
-        "exactly; on any other --base a patch that does not falls back to git am -3",
-    )
-    p.add_argument(
-        "--reports-dir",
-        help="GPU reports quoted in the PR descriptions (numerics.json, bench.json; default: "
-        "reports/h200)",
-    )
-    p.add_argument(
-        "--keep-trailers",
-        action="store_true",
-        help="keep the series' internal trailers (Upstream-Status:, Tests:, Provides:, "
-        "Depends-On:, Group:, Rebased-From:) in the branch commits; default: removed",
-    )
-    p.add_argument("--lock", help="upstream.lock (default: the project's)")
-    p.add_argument(
-        "--out-dir",
-        help="where descriptions, worktrees, split-record.json and range-diffs go "
-        "(default: .work/split)",
-    )
-    p.add_argument(
-        "--force",
-        action="append",
-        metavar="NAME",
-        help="(repeatable) replace this branch (nvfp4-marlin/<unit>) or out-dir file "
-        "(<unit>.md, ...) although it is not split's; the old one is kept aside and named",
-    )
-    p.add_argument("--remote", default="origin", help="remote named in the printed push command")
-    p.set_defaults(func=cmd_split)
-    register_overlap(subparsers)

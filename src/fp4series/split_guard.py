@@ -44,9 +44,10 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
+from fp4series import gitops
 from fp4series.checkout import pid_alive, wait_at
 from fp4series.errors import SeriesError
-from fp4series.paths import inside
+from fp4series.paths import inside, write_atomically
 
 ZERO = "0" * 40
 PAUSE_POINTS = ("planned", "branch-built", "before-refs", "refs-moved", "files-placed")
@@ -64,10 +65,7 @@ def pause(point: str) -> None:
 
 
 def _git(repo: Path, *args: str, stdin: str | None = None) -> subprocess.CompletedProcess[str]:
-    env = {k: v for k, v in os.environ.items() if k not in ("GIT_DIR", "GIT_INDEX_FILE")}
-    return subprocess.run(
-        ["git", *args], cwd=repo, input=stdin, capture_output=True, text=True, env=env
-    )
+    return gitops.run(repo, *args, input=stdin)
 
 
 def ref_tip(repo: Path, ref: str) -> str | None:
@@ -316,9 +314,7 @@ class Transaction:
         pause("refs-moved")
         self._prior_pending = pending_outputs(self.out_dir)
         pending = {**self._prior_pending, **{n: sha256_of(f) for n, f in self.files.items()}}
-        tmp = self.out_dir / (PENDING + ".tmp")
-        tmp.write_text(json.dumps(pending, indent=2) + "\n", encoding="utf-8")
-        os.replace(tmp, self.out_dir / PENDING)
+        write_atomically(self.out_dir / PENDING, (json.dumps(pending, indent=2) + "\n").encode())
         for name in sorted(self.files) + sorted(self.removals):
             target = inside(self.out_dir / name, self.out_dir)
             aside: Path | None = None

@@ -16,12 +16,14 @@ Public API (stable):
     fetch_and_record(lock_path, version, cache_dir) -> Path
         fetch a target and record its file name/sha256 in the lock when it had none (TOFU).
     MATERIALIZED_TRAILER   trailer in the materialized commit's message ("Materialized-From")
+    prepare_release(lock, version, work, cache) -> Target
+        the release fetched (a target's sha256 recorded on first resolve) and materialized once
+        under <work>/upstream/<version>; Target(version, repo, rev) names its tree
 CLI: fetch-upstream DEST [--version V], resolve-commit CHECKOUT.
 """
 
 from __future__ import annotations
 
-import argparse
 import base64
 import contextlib
 import csv
@@ -35,6 +37,7 @@ import tempfile
 import threading
 import time
 import zipfile
+from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
 
@@ -355,36 +358,38 @@ def resolve_commit(checkout: Path | str, lock_path: Path | str) -> str:
     return commit.hexsha
 
 
-def _cmd_fetch(args: argparse.Namespace) -> int:
-    lock = load_lock(args.lock)
-    release = lock.release(args.version) if args.version else lock.pin
-    if not release.sha256:  # trust on first use, recorded before anything is unpacked
-        wheel = fetch_and_record(args.lock, release.version, args.cache_dir)
-        print(f"recorded {wheel.name} sha256 in {args.lock}", file=sys.stderr)
-        lock = load_lock(args.lock)
-        release = lock.release(release.version)
-    materialize(release, args.dest, args.cache_dir, lock=lock)
-    return 0
+# ------------------------------------------------ a release materialized once, reused
 
 
-def _cmd_resolve(args: argparse.Namespace) -> int:
-    commit = resolve_commit(args.checkout, args.lock)
-    print(f"recorded pin commit {commit} in {args.lock}")
-    return 0
+@dataclass
+class Target:
+    """A materialized release: its version and a git repo + revision holding its tree."""
+
+    version: str
+    repo: Path
+    rev: str
 
 
-def register(subparsers: argparse._SubParsersAction) -> None:
-    p = subparsers.add_parser(
-        "fetch-upstream", help="materialize an upstream release (default: the pin) as a git repo"
-    )
-    p.add_argument("dest", type=Path, help="new (or empty) directory")
-    p.add_argument("--version", help="a rebase target from upstream.lock (default: the pin)")
-    p.add_argument("--cache-dir", type=Path, default=paths.default_cache_dir())
-    p.add_argument("--lock", type=Path, default=paths.default_lock_path())
-    p.set_defaults(func=_cmd_fetch)
-    r = subparsers.add_parser(
-        "resolve-commit", help="fill in the pin's commit id from a real clone of upstream"
-    )
-    r.add_argument("checkout", type=Path)
-    r.add_argument("--lock", type=Path, default=paths.default_lock_path())
-    r.set_defaults(func=_cmd_resolve)
+def _materialized(dest: Path, tag: str) -> bool:
+    if not (dest / ".git").exists():
+        return False
+    return gitops.rev(dest, f"refs/tags/{tag}") is not None
+
+
+def prepare_release(lock: Lock, version: str, work: Path, cache: Path) -> Target:
+    """Fetch (recording a target's sha256 into the lock on first resolve) and materialize one
+    release under ``.work/upstream/<version>``; a materialized release is reused as it is."""
+    from fp4series.paths import remove_tree_inside
+
+    release = lock.release(version)
+    dest = work / "upstream" / version
+    tag = release.tag or f"v{version}"
+    if not _materialized(dest, tag):
+        if version != lock.pin.version and not release.sha256:
+            fetch_and_record(lock.path, version, cache)
+            lock = load_lock(lock.path)
+            release = lock.release(version)
+        if dest.exists():
+            remove_tree_inside(dest, work / "upstream")
+        materialize(release, dest, cache, lock=lock)
+    return Target(version, dest, tag)

@@ -26,8 +26,8 @@ from git import Repo
 from fp4series import gitops, paths
 from fp4series.errors import SeriesError
 from fp4series.lock import Lock
+from fp4series.patch import Patch
 from fp4series.progress import Progress
-from fp4series.series import Patch
 from fp4series.upstream import MATERIALIZED_TRAILER, fetch_wheel, record_hashes
 
 

@@ -27,20 +27,12 @@ the tree is whether FP4 Marlin has a Turing (SM75, fp16) kernel path yet
 from __future__ import annotations
 
 import importlib
-import sys
 from dataclasses import dataclass
-from pathlib import Path
 
 import pytest
 import torch
-
-sys.path.insert(0, str(Path(__file__).parent))
-from _line0523 import (  # noqa: E402
-    CHECKPOINTS,
-    MarlinStubs,
-    loader_capability_check,
-    quant_config,
-)
+from _sglang_cpu import ALL_CHECKPOINTS as CHECKPOINTS
+from _sglang_cpu import MarlinStubs, loader_capability_check, quant_config
 
 CAPABILITIES = [(7, 0), (7, 5), (8, 0), (8, 6), (8, 9), (9, 0), (10, 0), (10, 3), (12, 0), (12, 1)]
 FP4_BACKENDS = [

@@ -23,16 +23,12 @@ weights; non-positive scales, fp16 ratios below 2^-12 and experts with biases ar
 from __future__ import annotations
 
 import importlib
-import sys
-from pathlib import Path
 
 import pytest
 import torch
-
-sys.path.insert(0, str(Path(__file__).parent))
-from _line0523 import (  # noqa: E402
+from _sglang_cpu import ALL_CHECKPOINTS as CHECKPOINTS
+from _sglang_cpu import (
     BF16,
-    CHECKPOINTS,
     FP16,
     GLOBAL_BIAS,
     MarlinStubs,
@@ -40,10 +36,11 @@ from _line0523 import (  # noqa: E402
     effective_scales,
     fp8_scales,
     kernel_scale_decode,
+    load_shards,
     marlin_scale_layout,
     quant_config,
 )
-from test_capability_matrix_0523 import EXPERTS, HIDDEN, INTER, _build  # noqa: E402
+from test_capability_matrix_0523 import EXPERTS, HIDDEN, INTER, _build
 
 HEAD = 64
 # q, k, v of 4 query and 2 KV heads; gate and up of an MLP
@@ -74,31 +71,6 @@ def _fused_layer(kind: str, ckpt_key: str, dtype: torch.dtype, bias: bool = Fals
     return layer, GATE_UP_SHARDS
 
 
-def _load(layer, name: str, tensor: torch.Tensor, shard) -> None:
-    param = getattr(layer, name)
-    param.weight_loader(param, tensor, shard)
-
-
-def _load_shards(layer, shards: dict, multipliers: list[float], ckpt_key: str, seed: int):
-    """Each shard through the layer's weight_loader; returns the block scales [N, K/16]."""
-    gen = torch.Generator().manual_seed(seed)
-    modelopt = ckpt_key.startswith("modelopt")
-    blocks = []
-    for (shard, size), mult in zip(shards.items(), multipliers, strict=True):
-        packed = torch.randint(0, 256, (size, HIDDEN // 2), generator=gen).to(torch.uint8)
-        scales = fp8_scales((size, HIDDEN // 16), 0x30, 0x5F, seed + len(blocks))
-        blocks.append(scales)
-        _load(layer, "weight" if modelopt else "weight_packed", packed, shard)
-        _load(layer, "weight_scale", scales, shard)
-        if modelopt:
-            _load(layer, "weight_scale_2", torch.tensor(mult), shard)
-            _load(layer, "input_scale", torch.tensor(0.5), shard)
-        else:  # compressed-tensors stores the divisor
-            _load(layer, "weight_global_scale", torch.tensor(1.0 / mult), shard)
-            _load(layer, "input_global_scale", torch.tensor(2.0), shard)
-    return torch.cat(blocks)
-
-
 @pytest.mark.parametrize("cuda_device", [SM90], indirect=True)
 @pytest.mark.parametrize("dtype", [FP16, BF16], ids=["fp16", "bf16"])
 @pytest.mark.parametrize("ratio", [2.0, 0.5, 1e-3])
@@ -111,7 +83,7 @@ def test_fused_shard_scales_through_the_loader(
     with published(fp4_gemm_runner_backend="marlin"):
         layer, shards = _fused_layer(kind, ckpt_key, dtype, bias=True)
         multipliers = [G, G * ratio, G / 2][: len(shards)]
-        blocks = _load_shards(layer, shards, multipliers, ckpt_key, seed=len(shards))
+        blocks = load_shards(layer, shards, multipliers, ckpt_key, len(shards), HIDDEN)
         n = sum(shards.values())
         bias = (torch.linspace(-2.0, 3.0, n) + torch.arange(n) % 5 * 0.5).to(dtype)
         layer.bias.data.copy_(bias)
@@ -149,7 +121,7 @@ def test_fused_shard_scales_too_far_apart_are_refused(published, monkeypatch, ma
     stubs = MarlinStubs(marlin_fp4, monkeypatch)
     with published(fp4_gemm_runner_backend="marlin"):
         layer, shards = _fused_layer("qkv", ckpt_key, FP16)
-        _load_shards(layer, shards, [G, G * 1e-5, G], ckpt_key, seed=1)
+        load_shards(layer, shards, [G, G * 1e-5, G], ckpt_key, 1, HIDDEN)
         with pytest.raises(ValueError) as err:
             layer.quant_method.process_weights_after_loading(layer)
     message = str(err.value)

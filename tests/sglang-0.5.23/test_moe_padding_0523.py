@@ -12,15 +12,12 @@ from __future__ import annotations
 
 import importlib
 import sys
-from pathlib import Path
 
 import pytest
+import test_capability_matrix_0523 as matrix
 import torch
-
-sys.path.insert(0, str(Path(__file__).parent))
-import test_capability_matrix_0523 as matrix  # noqa: E402
-from _line0523 import BF16, FP16, MarlinStubs, kernel_scale_decode, marlin_scale_layout  # noqa: E402
-from test_fused_shards_0523 import _moe_after_loading  # noqa: E402
+from _sglang_cpu import BF16, FP16, MarlinStubs, kernel_scale_decode, marlin_scale_layout
+from test_fused_shards_0523 import _moe_after_loading
 
 MARLIN_FP4 = "sglang.srt.layers.quantization.marlin_utils_fp4"
 SM90 = pytest.param((9, 0), id="sm90")

@@ -17,15 +17,12 @@ On bare v0.5.23 every test here fails (the bias comes out permuted).
 from __future__ import annotations
 
 import importlib
-import sys
-from pathlib import Path
 
+import _sglang_cpu
 import pytest
 import torch
-
-sys.path.insert(0, str(Path(__file__).parent))
-import _scalar_types_0523  # noqa: E402
-from _line0523 import CHECKPOINTS, MarlinStubs, fp8_scales, quant_config  # noqa: E402
+from _sglang_cpu import ALL_CHECKPOINTS as CHECKPOINTS
+from _sglang_cpu import MarlinStubs, fp8_scales, quant_config
 
 FP16, BF16 = torch.float16, torch.bfloat16
 
@@ -88,8 +85,8 @@ def test_helper_adds_bias_in_original_order(cuda_device, monkeypatch, marlin_fp4
 
     assert out.shape == (3, n)
     torch.testing.assert_close(out, _expected(stubs, 3, n, bias, dtype), rtol=0, atol=0)
-    if _scalar_types_0523.real_scalar_types_loaded():
-        assert stubs.gemm_calls[0]["b_q_type"].id == _scalar_types_0523.FLOAT4_E2M1F_ID
+    if _sglang_cpu.real_scalar_types_loaded():
+        assert stubs.gemm_calls[0]["b_q_type"].id == _sglang_cpu.FLOAT4_E2M1F_ID
 
 
 def _real_linear(ckpt_key: str, n: int, k: int, dtype: torch.dtype):

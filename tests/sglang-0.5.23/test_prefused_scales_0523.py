@@ -13,16 +13,13 @@ refused naming the scale, the shard or expert and the layer.
 from __future__ import annotations
 
 import importlib
-import sys
-from pathlib import Path
 
 import pytest
 import torch
-
-sys.path.insert(0, str(Path(__file__).parent))
-from _line0523 import BF16, CHECKPOINTS, MarlinStubs  # noqa: E402
-from test_capability_matrix_0523 import EXPERTS, _build  # noqa: E402
-from test_fused_shards_0523 import G, _fused_layer, _load, _load_shards  # noqa: E402
+from _sglang_cpu import ALL_CHECKPOINTS as CHECKPOINTS
+from _sglang_cpu import BF16, MarlinStubs, load, load_shards
+from test_capability_matrix_0523 import EXPERTS, HIDDEN, _build
+from test_fused_shards_0523 import G, _fused_layer
 
 SM90 = pytest.param((9, 0), id="sm90")
 DENSE = ["modelopt-dense", "modelopt-a16-dense", "ct-dense"]
@@ -48,7 +45,7 @@ def test_pre_fused_dense_scale_fills_every_shard(
     with published(fp4_gemm_runner_backend="marlin"):
         layer, shards = _fused_layer(kind, ckpt_key, BF16)
         value = G if ckpt_key.startswith("modelopt") else 1.0 / G
-        _load(layer, _scale_name(ckpt_key), torch.tensor(value), None)
+        load(layer, _scale_name(ckpt_key), torch.tensor(value), None)
     slots = getattr(layer, _scale_name(ckpt_key)).data
     assert slots.shape == (len(shards),)
     torch.testing.assert_close(slots, torch.full((len(shards),), value), rtol=0, atol=0)
@@ -61,7 +58,7 @@ def test_never_loaded_dense_scale_is_refused(published, monkeypatch, marlin_fp4,
     stubs = MarlinStubs(marlin_fp4, monkeypatch)
     with published(fp4_gemm_runner_backend="marlin"):
         layer, shards = _fused_layer("qkv", ckpt_key, BF16)
-        _load_shards(layer, shards, [G, G, G], ckpt_key, seed=5)
+        load_shards(layer, shards, [G, G, G], ckpt_key, 5, HIDDEN)
         getattr(layer, _scale_name(ckpt_key)).data[missing] = float("nan")  # as never loaded
         with pytest.raises(ValueError) as err:
             layer.quant_method.process_weights_after_loading(layer)

@@ -25,21 +25,19 @@ drives that axis through a published ``ServerArgs``.
 from __future__ import annotations
 
 import importlib
-import json
 import re
 import types
 from dataclasses import dataclass
-from pathlib import Path
 
 import pytest
 import torch
+from _sglang_cpu import CHECKPOINTS, DATA_DIR, Checkpoint  # noqa: F401 (shared with other tests)
+from _sglang_cpu import loader_capability_check as _loader_capability_check
+from _sglang_cpu import quant_config as _quant_config
 from sglang.srt.layers.linear import ReplicatedLinear
 from sglang.srt.layers.moe import MoeRunnerBackend, MoeRunnerConfig
 from sglang.srt.layers.moe.fused_moe_triton import FusedMoE
 from sglang.srt.layers.quantization import fp4_utils
-from sglang.srt.model_loader.weight_utils import get_quant_config
-
-DATA_DIR = Path(__file__).parents[1] / "data" / "nvfp4-configs"
 
 # --------------------------------------------------------------------------
 # The axes
@@ -63,53 +61,6 @@ NATIVE_BACKENDS = ["cutlass", "flashinfer_cudnn", "flashinfer_cutlass", "flashin
 BACKENDS = ["auto", "marlin", *NATIVE_BACKENDS]
 DTYPES = {"fp16": torch.float16, "bf16": torch.bfloat16}
 
-
-@dataclass(frozen=True)
-class Checkpoint:
-    key: str
-    quantization: str  # what SGLang's model config detects for this checkpoint
-    directory: str  # under tests/data/nvfp4-configs
-    moe: bool
-    prefix: str  # a realistic layer prefix of that model
-
-
-CHECKPOINTS = {
-    c.key: c
-    for c in (
-        # nvidia/Llama-3.1-8B-Instruct-FP4 (hf_quant_config.json)
-        Checkpoint(
-            "modelopt-dense",
-            "modelopt_fp4",
-            "modelopt-nvfp4-dense",
-            False,
-            "model.layers.0.mlp.down_proj",
-        ),
-        # nvidia/Qwen3-30B-A3B-FP4 style (hf_quant_config.json)
-        Checkpoint(
-            "modelopt-moe",
-            "modelopt_fp4",
-            "modelopt-nvfp4-moe",
-            True,
-            "model.layers.0.mlp.experts",
-        ),
-        # RedHatAI/Meta-Llama-3.1-8B-Instruct-NVFP4 style (config.json)
-        Checkpoint(
-            "ct-dense",
-            "compressed-tensors",
-            "ct-nvfp4-dense",
-            False,
-            "model.layers.0.mlp.down_proj",
-        ),
-        # RedHatAI/Qwen3-30B-A3B-NVFP4 style (config.json)
-        Checkpoint(
-            "ct-moe",
-            "compressed-tensors",
-            "ct-nvfp4-moe",
-            True,
-            "model.layers.0.mlp.experts",
-        ),
-    )
-}
 
 # --------------------------------------------------------------------------
 # The spec: what the series intends, per cell
@@ -257,36 +208,6 @@ def expected_cell(
 # --------------------------------------------------------------------------
 # Driving SGLang
 # --------------------------------------------------------------------------
-
-
-def _quant_config(ckpt: Checkpoint):
-    """Parse the checkpoint the way the model loader does (get_quant_config)."""
-    directory = DATA_DIR / ckpt.directory
-    hf = json.loads((directory / "config.json").read_text())
-    hf_config = types.SimpleNamespace(
-        architectures=hf["architectures"],
-        quantization_config=hf.get("quantization_config"),
-    )
-    model_config = types.SimpleNamespace(
-        quantization=ckpt.quantization,
-        hf_config=hf_config,
-        model_path=str(directory),
-        revision=None,
-    )
-    load_config = types.SimpleNamespace(download_dir=None, model_loader_extra_config={})
-    return get_quant_config(model_config, load_config, packed_modules_mapping={})
-
-
-def _loader_capability_check(quant_config, quantization: str) -> None:
-    """The model loader's check (model_loader/loader.py, _get_quantization_config)."""
-    major, minor = torch.cuda.get_device_capability()
-    capability = major * 10 + minor
-    if capability < quant_config.get_min_capability():
-        raise ValueError(
-            f"The quantization method {quantization} is not supported for the "
-            f"current GPU. Minimum capability: {quant_config.get_min_capability()}. "
-            f"Current capability: {capability}."
-        )
 
 
 def _moe_layer(dtype: torch.dtype) -> FusedMoE:

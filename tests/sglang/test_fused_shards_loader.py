@@ -15,19 +15,14 @@ from __future__ import annotations
 import importlib
 import sys
 import types
-from pathlib import Path
 
 import pytest
 import torch
-
-sys.path.insert(0, str(Path(__file__).parent))
-from test_capability_matrix import CHECKPOINTS, _quant_config  # noqa: E402
-from test_marlin_utils_fp4 import (  # noqa: E402
-    _effective_scales,
-    _fp8_scales,
-    _marlin_scale_layout,
-    _stub_kernels,
-)
+from _sglang_cpu import CHECKPOINTS, load_shards
+from _sglang_cpu import effective_scales as _effective_scales
+from _sglang_cpu import marlin_scale_layout as _marlin_scale_layout
+from _sglang_cpu import quant_config as _quant_config
+from test_marlin_utils_fp4 import _stub_kernels
 
 HIDDEN = 256
 HEAD = 64
@@ -60,31 +55,6 @@ def _build(kind: str, ckpt_key: str, dtype: torch.dtype):
     return layer, GATE_UP_SHARDS
 
 
-def _load(layer, name: str, tensor: torch.Tensor, shard) -> None:
-    param = getattr(layer, name)
-    param.weight_loader(param, tensor, shard)
-
-
-def _load_shards(layer, shards: dict, multipliers: list[float], ckpt_key: str, seed: int):
-    """Each shard through the layer's weight_loader; returns the block scales [N, K/16]."""
-    gen = torch.Generator().manual_seed(seed)
-    modelopt = ckpt_key.startswith("modelopt")
-    blocks = []
-    for (shard, size), mult in zip(shards.items(), multipliers, strict=True):
-        packed = torch.randint(0, 256, (size, HIDDEN // 2), generator=gen).to(torch.uint8)
-        scales = _fp8_scales((size, HIDDEN // 16), 0x30, 0x5F, seed + len(blocks))
-        blocks.append(scales)
-        _load(layer, "weight" if modelopt else "weight_packed", packed, shard)
-        _load(layer, "weight_scale", scales, shard)
-        if modelopt:
-            _load(layer, "weight_scale_2", torch.tensor(mult), shard)
-            _load(layer, "input_scale", torch.tensor(0.5), shard)
-        else:  # compressed-tensors stores the divisor
-            _load(layer, "weight_global_scale", torch.tensor(1.0 / mult), shard)
-            _load(layer, "input_global_scale", torch.tensor(2.0), shard)
-    return torch.cat(blocks)
-
-
 @pytest.mark.parametrize("cuda_device", [pytest.param((9, 0), id="sm90")], indirect=True)
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16], ids=["fp16", "bf16"])
 @pytest.mark.parametrize("ratio", [2.0, 0.5, 1e-3])
@@ -96,7 +66,7 @@ def test_fused_shard_scales_through_the_loader(
     _stub_kernels(marlin_utils, monkeypatch)
     layer, shards = _build(kind, ckpt_key, dtype)
     multipliers = [G, G * ratio, G / 2][: len(shards)]
-    blocks = _load_shards(layer, shards, multipliers, ckpt_key, seed=len(shards))
+    blocks = load_shards(layer, shards, multipliers, ckpt_key, len(shards), HIDDEN)
     assert list(layer.output_partition_sizes) == list(shards.values())
 
     layer.quant_method.process_weights_after_loading(layer)
@@ -131,7 +101,7 @@ def test_fused_shard_scales_too_far_apart_are_refused(
     """fp16 folds the ratio's power of two into block scales: below 2^-12 it cannot."""
     calls = _stub_kernels(marlin_utils, monkeypatch)
     layer, shards = _build("qkv", ckpt_key, torch.float16)
-    _load_shards(layer, shards, [G, G * 1e-5, G], ckpt_key, seed=1)
+    load_shards(layer, shards, [G, G * 1e-5, G], ckpt_key, 1, HIDDEN)
     with pytest.raises(ValueError) as err:
         layer.quant_method.process_weights_after_loading(layer)
     message = str(err.value)

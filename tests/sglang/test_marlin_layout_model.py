@@ -28,12 +28,9 @@ import pytest
 import torch
 
 ROOT = Path(__file__).resolve().parents[2]
-sys.path.insert(0, str(Path(__file__).parent))
 sys.path.insert(0, str(ROOT / "bench" / "kernels"))
 sys.path.insert(0, str(ROOT / "tests" / "gpu"))
-import _scalar_types  # noqa: E402
-
-_scalar_types.install()
+# sgl_kernel's scalar types: installed at session start by the harness (conftest, _sglang_cpu)
 
 import marlin_layout as ml  # noqa: E402
 from _reference import dequant_nvfp4, random_nvfp4_weight  # noqa: E402

@@ -15,20 +15,20 @@ no NVFP4 validation in fused_marlin_moe).
 from __future__ import annotations
 
 import importlib
-import sys
 import types
-from pathlib import Path
 
+import _sglang_cpu
 import pytest
 import torch
-
-sys.path.insert(0, str(Path(__file__).parent))
-import _scalar_types  # noqa: E402
-
-_scalar_types.install()
+from _sglang_cpu import GLOBAL_BIAS
+from _sglang_cpu import decode_16bit as _decode_16bit
+from _sglang_cpu import effective_scales as _effective_scales
+from _sglang_cpu import fp8_scales as _fp8_scales
+from _sglang_cpu import kernel_scale_decode as _kernel_scale_decode
+from _sglang_cpu import marlin_scale_layout as _marlin_scale_layout
 
 FP16, BF16 = torch.float16, torch.bfloat16
-BIAS = {FP16: 14, BF16: 126}
+BIAS = GLOBAL_BIAS
 
 
 @pytest.fixture(scope="module")
@@ -41,55 +41,11 @@ def m():
 # --------------------------------------------------------------------------
 
 
-def _fp8_scales(shape, lo: int, hi: int, seed: int) -> torch.Tensor:
-    """Random non-negative FP8-E4M3 values with byte codes in [lo, hi]."""
-    g = torch.Generator().manual_seed(seed)
-    codes = torch.randint(lo, hi + 1, shape, generator=g, dtype=torch.int32)
-    return codes.to(torch.uint8).view(torch.float8_e4m3fn)
-
-
-def _decode_16bit(bits: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
-    """IEEE decode of fp16 (e5m10) / bf16 (e8m7) bit patterns, by hand."""
-    bits = bits.to(torch.int64) & 0xFFFF
-    ebits, mbits = (5, 10) if dtype == FP16 else (8, 7)
-    bias = 2 ** (ebits - 1) - 1
-    sign = torch.where(bits >> 15 == 1, -1.0, 1.0).double()
-    e = (bits >> mbits) & (2**ebits - 1)
-    mant = (bits & (2**mbits - 1)).double() / 2**mbits
-    normal = (1 + mant) * torch.pow(2.0, (e - bias).double())
-    sub = mant * 2.0 ** (1 - bias)
-    return sign * torch.where(e == 0, sub, normal)
-
-
-def _kernel_scale_decode(byte: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
-    """What dequant_fp8_scales makes of one scale byte (pin's dequant.h)."""
-    b = byte.view(torch.uint8).to(torch.int64)
-    # fp16: (q & 0xFF00) >> 1; bf16: the byte's top bit becomes the e8 msb
-    fp16_bits = b << 7
-    bf16_bits = ((b & 0x80) << 7) | ((b & 0x7F) << 4)
-    return _decode_16bit(fp16_bits if dtype == FP16 else bf16_bits, dtype)
-
-
 def _swap_12(x: torch.Tensor) -> torch.Tensor:
     """Within every 4 consecutive columns exchange columns 1 and 2."""
     y = x.clone()
     y[..., 1::4], y[..., 2::4] = x[..., 2::4], x[..., 1::4]
     return y
-
-
-def _marlin_scale_layout(s_nk: torch.Tensor) -> torch.Tensor:
-    """Closed form of the kernel's scale order (LAYOUT.md), from S [N, K/16].
-
-    out[g, 64c + p] = S[64c + i + 8j, g], q = p with 1<->2 swapped in fours,
-    i = q // 8, j = q % 8.
-    """
-    n, groups = s_nk.shape
-    out = torch.empty(groups, n, dtype=s_nk.dtype)
-    for p in range(64):
-        q = 4 * (p // 4) + [0, 2, 1, 3][p % 4]
-        src = q // 8 + 8 * (q % 8)
-        out[:, p::64] = s_nk[src::64, :].T
-    return out
 
 
 def _unpack_gptq_int32(q: torch.Tensor, k: int) -> torch.Tensor:
@@ -338,8 +294,8 @@ def test_apply_adds_unpermuted_bias_after_gemm(m, monkeypatch, size_n, padded_n,
     assert kw["size_n"] == padded_n and kw["size_k"] == padded_k
     assert kw["global_scale"] is gscale and kw["b_zeros"] is None
     assert kw["is_k_full"] is True
-    if _scalar_types.real_scalar_types_loaded():
-        assert kw["b_q_type"].id == _scalar_types.FLOAT4_E2M1F_ID
+    if _sglang_cpu.real_scalar_types_loaded():
+        assert kw["b_q_type"].id == _sglang_cpu.FLOAT4_E2M1F_ID
     # Adding a Marlin-permuted bias instead would be wrong:
     from sglang.srt.layers.quantization.marlin_utils import marlin_permute_bias
 
@@ -413,13 +369,6 @@ def _linear(n, k, dtype, seed, scale_lo=0x01, scale_hi=0x7E, bias=True):
     layer.weight_scale = torch.nn.Parameter(scales, requires_grad=False)
     layer.bias = torch.nn.Parameter(torch.randn(n, generator=g).to(dtype)) if bias else None
     return layer
-
-
-def _effective_scales(scale_bytes, global_scale, dtype):
-    """block * global as the kernel applies them, with the FP4 decode's 2^-bias."""
-    block = _kernel_scale_decode(scale_bytes, dtype)
-    glob = _decode_16bit(global_scale.view(torch.int16), dtype)
-    return block * glob.item() * 2.0 ** -BIAS[dtype]
 
 
 @pytest.mark.parametrize("dtype", [FP16, BF16])
@@ -868,10 +817,10 @@ def test_fused_marlin_moe_global_scale_validation():
         with pytest.raises(ValueError, match=match):
             call(**kw)
     # the NVFP4 weight type is chosen only when global scales are present
-    if _scalar_types.real_scalar_types_loaded():
+    if _sglang_cpu.real_scalar_types_loaded():
         # upstream's signature: get_scalar_type(num_bits, has_zp, scales, global_scale)
         nvfp4 = mod.get_scalar_type(4, False, fp8, g)
-        assert nvfp4.id == _scalar_types.FLOAT4_E2M1F_ID
-        assert mod.get_scalar_type(4, False).id != _scalar_types.FLOAT4_E2M1F_ID
-        assert mod.get_scalar_type(4, False, fp8, None).id != _scalar_types.FLOAT4_E2M1F_ID
-        assert mod.get_scalar_type(4, True, fp8, g).id != _scalar_types.FLOAT4_E2M1F_ID
+        assert nvfp4.id == _sglang_cpu.FLOAT4_E2M1F_ID
+        assert mod.get_scalar_type(4, False).id != _sglang_cpu.FLOAT4_E2M1F_ID
+        assert mod.get_scalar_type(4, False, fp8, None).id != _sglang_cpu.FLOAT4_E2M1F_ID
+        assert mod.get_scalar_type(4, True, fp8, g).id != _sglang_cpu.FLOAT4_E2M1F_ID

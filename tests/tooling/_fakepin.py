@@ -19,6 +19,8 @@ from fp4series.lock import Lock, load_lock
 from fp4series.progress import quiet
 
 WHEEL = "sglang-0.5.11-cp311-cp311-manylinux_2_34_x86_64.whl"
+P1 = "0001-change-value-ten.patch"  # the two patches make_env exports
+P2 = "0002-return-two-and-add-new-module.patch"
 A_PY = "".join(f"value_{i} = {i}\n" for i in range(1, 41))
 B_PY = "def existing():\n    return 1\n"
 K_H = "".join(f"int kernel_line_{i} = {i};\n" for i in range(1, 31))
@@ -48,13 +50,16 @@ def default_signals() -> None:
         signal.signal(sig, signal.SIG_DFL)
 
 
-def isolate_git(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
-    """No user/system git config leaks in; a fixed identity; a private cache dir."""
-    cfg = tmp_path / "gitconfig"
-    cfg.write_text("[user]\n\tname = Test User\n\temail = test@example.com\n")
+def isolate_git(monkeypatch: pytest.MonkeyPatch, tmp_path: Path, identity: bool = True) -> None:
+    """No user/system git config leaks in; a fixed identity (IDENTITY false: none at all, as
+    on a bare CI machine); a private cache dir."""
+    cfg = tmp_path / ("gitconfig" if identity else "no-gitconfig")
+    cfg.write_text("[user]\n\tname = Test User\n\temail = test@example.com\n" if identity else "")
     monkeypatch.setenv("GIT_CONFIG_GLOBAL", str(cfg))
     monkeypatch.setenv("GIT_CONFIG_NOSYSTEM", "1")
-    for var in ("GIT_DIR", "GIT_WORK_TREE", "GIT_INDEX_FILE"):
+    gone = ("GIT_DIR", "GIT_WORK_TREE", "GIT_INDEX_FILE")
+    gone += () if identity else ("GIT_COMMITTER_NAME", "GIT_COMMITTER_EMAIL", "EMAIL")
+    for var in gone:
         monkeypatch.delenv(var, raising=False)
 
 
@@ -201,3 +206,22 @@ def tree_fingerprint(repo: Path) -> dict[str, str]:
     out["<HEAD>"] = git(repo, "rev-parse", "HEAD")
     out["<status>"] = git(repo, "status", "--porcelain", "--untracked-files=all")
     return out
+
+
+def snapshot(directory: Path) -> dict[str, str]:
+    """sha256 of each file directly in DIRECTORY, by name: what "not one byte changed" means."""
+    return {
+        p.name: hashlib.sha256(p.read_bytes()).hexdigest()
+        for p in sorted(directory.iterdir())
+        if p.is_file()
+    }
+
+
+def compile_kwargs(tmp_path: Path, python: Path, sglang_dir: Path) -> dict[str, Path]:
+    """run_compile_checks' keyword arguments for a tree and the fake python, in TMP_PATH."""
+    return {
+        "python": python,
+        "sglang_dir": sglang_dir,
+        "cache_dir": tmp_path / "cache",
+        "build_root": tmp_path / "jit",
+    }

@@ -7,23 +7,13 @@ import shutil
 from pathlib import Path
 
 import pytest
-from _fakepin import Env, edit, git, isolate_git, make_env, settle, tree_fingerprint
+from _fakepin import Env, edit, git, settle, tree_fingerprint
 
 from fp4series import cli, export
 from fp4series.apply import apply_series
 from fp4series.errors import SeriesError
 from fp4series.progress import quiet
 from fp4series.series import load_series
-
-
-@pytest.fixture(autouse=True)
-def _git(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
-    isolate_git(monkeypatch, tmp_path)
-
-
-@pytest.fixture
-def env(tmp_path: Path) -> Env:
-    return make_env(tmp_path)
 
 
 def run_apply(env: Env, checkout: Path, **kw):
@@ -211,7 +201,7 @@ def test_cli_failing_patch_exit_code_and_hint(env: Env, capsys: pytest.CaptureFi
     git(co, "commit", "-qam", "conflicting change")
     settle(co)
     before = tree_fingerprint(co)
-    argv = ["apply", str(co), "--patches", str(env.patches), "--lock", str(env.lock.path)]
+    argv = ["apply", str(co), "--patches-dir", str(env.patches), "--lock", str(env.lock.path)]
     rc = cli.main([*argv, "--cache-dir", str(env.cache)])
     out, err = capsys.readouterr()
     assert rc == 1
@@ -331,7 +321,7 @@ def test_a_corrupt_binary_patch_is_named_corrupt_not_a_rebase(
     lines[at] = lines[at][:1] + "~" * (len(lines[at]) - 1)  # not base85: cut the data
     binary.write_text("\n".join(lines))
     co = env.clone("co")
-    argv = ["apply", str(co), "--patches", str(env.patches), "--lock", str(env.lock.path)]
+    argv = ["apply", str(co), "--patches-dir", str(env.patches), "--lock", str(env.lock.path)]
     assert cli.main([*argv, "--cache-dir", str(env.cache)]) == 1
     err = capsys.readouterr().err
     assert f"{binary.name} is corrupt: git cannot read it (git am said: " in err, err

@@ -35,7 +35,6 @@ from _fakepin import (
     default_signals,
     edit,
     git,
-    isolate_git,
     make_env,
     settle,
     tree_fingerprint,
@@ -48,12 +47,8 @@ SRC = Path(__file__).resolve().parents[2] / "src"
 A_PY = "python/sglang/srt/a.py"
 POINTS = checkout.PAUSE_POINTS
 BEFORE_WRITE = ("scratch", "applied", "index-locked", "before-read-tree")  # files not yet written
+GUARDED = ("index-locked", "before-read-tree", "worktree-updated", "ref-moved")  # install's
 SUBJECTS = ["[Quant] Return two and add new module", "[Quant] Change value ten"]
-
-
-@pytest.fixture(autouse=True)
-def _git(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
-    isolate_git(monkeypatch, tmp_path)
 
 
 @pytest.fixture(scope="module")
@@ -83,7 +78,7 @@ def env(template: Env, tmp_path: Path) -> Env:
 
 def apply_cmd(env: Env, co: Path, *extra: str) -> list[str]:
     return [
-        sys.executable, "-m", "fp4series", "apply", str(co), "--patches", str(env.patches),
+        sys.executable, "-m", "fp4series", "apply", str(co), "--patches-dir", str(env.patches),
         "--lock", str(env.lock.path), "--cache-dir", str(env.cache), *extra,
     ]  # fmt: skip
 
@@ -116,17 +111,24 @@ class Paused:
     """An apply process stopped at POINT."""
 
     def __init__(
-        self, env: Env, co: Path, point: str, tmp: Path, fault: dict[str, str] | None = None
+        self,
+        env: Env,
+        co: Path,
+        point: str,
+        tmp: Path,
+        fault: dict[str, str] | None = None,
+        also: tuple[str, ...] = (),
     ) -> None:
         self.dir = tmp / f"pause-{point}"
         self.dir.mkdir()
         self.point = point
+        self.co = co
         self.proc = subprocess.Popen(
             apply_cmd(env, co),
             stdout=subprocess.PIPE,
             stderr=subprocess.PIPE,
             text=True,
-            env=proc_env(self.dir, point, fault),
+            env=proc_env(self.dir, ",".join((point, *also)), fault),
             preexec_fn=default_signals,
         )
         reached = self.dir / f"{point}.reached"
@@ -141,9 +143,42 @@ class Paused:
         out, err = self.proc.communicate(timeout=120)
         return self.proc.returncode, out + err
 
-    def kill(self) -> None:
+    def kill(self, wait_for_guard: bool = True) -> None:
+        """SIGKILL apply; then wait until its guard (if it was moving the checkout) is done."""
         self.proc.send_signal(signal.SIGKILL)
         self.proc.communicate(timeout=60)
+        if wait_for_guard:
+            lock_released(self.co)
+
+    def wait_for(self, point: str) -> int:
+        """Block until a process of this run (apply's guard, too) reached POINT; its pid."""
+        reached = self.dir / f"{point}.reached"
+        while not reached.exists() or not reached.read_text().strip():
+            time.sleep(0.01)
+        return int(reached.read_text())
+
+
+def lock_released(co: Path) -> None:
+    """Block until nothing holds CO's apply lock: a killed apply's git command and its guard
+    have exited (the guard removes the file when it is done)."""
+    try:
+        fh = (co / ".git" / checkout.LOCK_NAME).open("rb")
+    except FileNotFoundError:
+        return
+    with fh:
+        fcntl.flock(fh, fcntl.LOCK_EX)
+
+
+def guard_said(co: Path) -> str:
+    """What the guard of a killed apply did (its log; the next apply reports and removes it)."""
+    log = co / ".git" / checkout.GUARD_LOG
+    return log.read_text() if log.exists() else ""
+
+
+def index_writable(co: Path) -> bool:
+    """Can a git command take the index lock (git add of nothing takes it)?"""
+    add = subprocess.run(["git", "-C", str(co), "add", "-A"], capture_output=True, check=False)
+    return add.returncode == 0
 
 
 def reachable(co: Path) -> set[str]:
@@ -379,6 +414,13 @@ def test_sigkill_at_each_point_then_rerun_finishes(env: Env, tmp_path: Path, poi
     tip = git(co, "rev-parse", "refs/heads/work").strip()
     if point != "ref-moved":
         assert tip == old  # the branch moves only at the compare-and-swap
+    if point in GUARDED:  # the guard settled the move at once: git works, nothing half-done
+        said = guard_said(co)
+        assert "was killed" in said and "Traceback" not in said, said
+        assert index_writable(co)
+        assert git(co, "status", "--porcelain") == ""
+        assert series_on_top(co) == (point == "ref-moved")
+        assert not result_refs(co)
     again = run(env, co)
     assert again.returncode == 0, again.stdout + again.stderr
     assert "was killed" in again.stderr
@@ -392,16 +434,24 @@ def test_sigkill_at_each_point_then_rerun_finishes(env: Env, tmp_path: Path, poi
 @pytest.mark.parametrize("point", ["worktree-updated", "ref-moved"])
 def test_sigkill_then_user_edit_is_never_overwritten(env: Env, tmp_path: Path, point: str) -> None:
     co = env.clone("co")
-    Paused(env, co, point, tmp_path).kill()
+    paused = Paused(env, co, point, tmp_path, also=(checkout.GUARD_POINT,))
+    paused.kill(wait_for_guard=False)
+    paused.wait_for(checkout.GUARD_POINT)  # the guard holds the lock, before it looks
     edit(co, A_PY, "value_20 = 20\n", "value_20 = 2000\n")
-    again = run(env, co)
+    (paused.dir / f"{checkout.GUARD_POINT}.release").write_text("")
+    lock_released(co)
     assert "value_20 = 2000\n" in (co / A_PY).read_text()
     if point == "worktree-updated":  # cannot prove a.py is ours to roll back: says what to do
+        assert A_PY in guard_said(co) and "neither" in guard_said(co)
+        again = run(env, co)  # and so does every apply until the user has looked
         assert again.returncode == 1
         assert A_PY in again.stderr and "neither" in again.stderr
-    else:  # the branch had moved: finishing keeps the edit on top
-        assert again.returncode == 0, again.stderr
+        assert "value_20 = 2000\n" in (co / A_PY).read_text()
+    else:  # the branch had moved: the guard finished, the edit stays on top
+        assert "finished an apply that was interrupted" in guard_said(co)
         assert series_on_top(co)
+        assert git(co, "status", "--porcelain") == f" M {A_PY}\n"
+        assert_no_debris(co)
 
 
 def test_sigterm_removes_everything_it_made(env: Env, tmp_path: Path) -> None:
@@ -504,12 +554,6 @@ def faulty(fault_git: Path, fault: str, **more: str) -> dict[str, str]:
     return {checkout.FAULT_GIT_ENV: str(fault_git), "TEST_FAULT": fault, **more}
 
 
-def lock_released(co: Path) -> None:
-    """Block until nothing holds CO's apply lock (a killed apply's git command exits)."""
-    with (co / ".git" / checkout.LOCK_NAME).open("rb") as fh:
-        fcntl.flock(fh, fcntl.LOCK_EX)
-
-
 @pytest.mark.parametrize("fault", ["enospc", "index"])
 def test_read_tree_failing_midway_puts_back_what_it_wrote(
     env: Env, fault_git: Path, fault: str
@@ -563,20 +607,27 @@ def test_rollback_that_cannot_be_written_says_mid_move_and_a_rerun_finishes(
     assert not result_refs(co)
 
 
-def test_sigkill_during_read_tree_then_rerun_recovers(env: Env, fault_git: Path) -> None:
+def test_sigkill_during_read_tree_is_rolled_back_by_the_guard_at_once(
+    env: Env, fault_git: Path
+) -> None:
     co = env.clone("co")
     before = reachable(co)
-    killed = run(env, co, fault=faulty(fault_git, "kill"))
+    files = tree_fingerprint(co)
+    killed = run(env, co, fault=faulty(fault_git, "kill"))  # 3 files written, one cut short
     assert killed.returncode == -signal.SIGKILL
-    lock_released(co)
-    assert (co / ".git" / (checkout.PRIVATE_INDEX + ".lock")).exists()  # what git left
-    assert (co / WRITTEN[-1]).read_text() == "NEW "  # cut short
+    lock_released(co)  # the guard is done: no rerun of apply needed for a usable checkout
+    said = guard_said(co)
+    assert "rolled back an apply that was interrupted: put the original content back in the 3" in (
+        said
+    )
+    now = tree_fingerprint(co)
+    assert now.pop(f".git/{checkout.GUARD_LOG}")
+    assert now == files  # every file, the index, HEAD: as they were
+    assert index_writable(co)
     again = run(env, co)
     out = again.stdout + again.stderr
     assert again.returncode == 0, out
-    assert (
-        "rolled back an apply that was interrupted: put the original content back in the 3" in out
-    )
+    assert "its guard settled it right away" in out and "put the original content back" in out
     assert "changed while apply ran" not in out
     assert series_on_top(co) and git(co, "status", "--porcelain") == ""
     assert before <= reachable(co)
@@ -668,7 +719,8 @@ def test_read_tree_of_a_killed_apply_holds_the_lock_until_it_exits(
     assert killed.returncode == -signal.SIGKILL  # apply is gone, its read-tree still runs
     second = run(env, co)
     assert second.returncode == 1
-    assert "is still writing the checkout and holds its lock; nothing was changed" in second.stderr
+    assert "a git command it started is still writing the checkout" in second.stderr
+    assert "or its guard is finishing or undoing the move" in second.stderr
     release.write_text("")
     lock_released(co)
     again = run(env, co)
@@ -677,6 +729,53 @@ def test_read_tree_of_a_killed_apply_holds_the_lock_until_it_exits(
     assert "rolled back an apply that was interrupted: put the original content back" in out
     assert series_on_top(co) and git(co, "status", "--porcelain") == ""
     assert_no_debris(co)
+
+
+def test_index_lock_names_apply_and_the_command_that_settles_the_move(
+    env: Env, tmp_path: Path
+) -> None:
+    """git says only "index.lock: File exists"; the file itself names its holder and what to
+    run. With the guard gone too, that command, followed word for word, settles the move."""
+    co = env.clone("co")
+    files = tree_fingerprint(co)
+    paused = Paused(env, co, "worktree-updated", tmp_path, also=(checkout.GUARD_POINT,))
+    said = (co / ".git" / "index.lock").read_text()
+    assert said.startswith(f"fp4series apply (pid {paused.proc.pid}) holds this lock")
+    assert "moves refs/heads/work from" in said and "Do not remove this file by hand" in said
+    commit = subprocess.run(
+        ["git", "-C", str(co), "commit", "-qam", "mine"], capture_output=True, text=True
+    )
+    assert commit.returncode != 0 and "index.lock': File exists" in commit.stderr
+    paused.kill(wait_for_guard=False)
+    guard = paused.wait_for(checkout.GUARD_POINT)
+    os.kill(guard, signal.SIGKILL)  # the guard dies too: nothing settles the move by itself
+    lock_released(co)
+    said = (co / ".git" / "index.lock").read_text()  # still there, still saying what to do
+    command = next(line.strip() for line in said.splitlines() if "--recover" in line)
+    assert command.endswith(f"scripts/apply.sh --recover {co}")
+    follow = subprocess.run(
+        ["bash", "-c", command],
+        capture_output=True,
+        text=True,
+        env={**proc_env(), "FP4SERIES_PYTHON": sys.executable},
+        check=False,
+    )
+    out = follow.stdout + follow.stderr
+    assert follow.returncode == 0, out
+    assert "rolled back an apply that was interrupted: put the original content back" in out
+    now = tree_fingerprint(co)
+    assert now == files and index_writable(co)
+    assert_no_debris(co)
+
+
+def test_recover_with_nothing_to_recover_changes_nothing(
+    env: Env, capsys: pytest.CaptureFixture
+) -> None:
+    co = env.clone("co")
+    before = tree_fingerprint(co)
+    assert cli.main(["apply", "--recover", str(co)]) == 0
+    assert "nothing to recover" in capsys.readouterr().out
+    assert tree_fingerprint(co) == before
 
 
 # ------------------------------------------------------------------------- leftovers, bad input
@@ -779,7 +878,7 @@ def test_failure_hint_lists_every_patch_left_and_following_it_applies_them_all(
     assert series_on_top(co)
     assert git(co, "log", "-1", "--format=%s", "HEAD~2") == "conflicting change\n"
     out_dir = co.parent / "exported"  # the export the hint names keeps the series' numbering
-    argv = ["export", str(co), "--patches", str(out_dir), "--lock", str(env.lock.path)]
+    argv = ["export", str(co), "--patches-dir", str(out_dir), "--lock", str(env.lock.path)]
     assert cli.main([*argv, "--cache-dir", str(env.cache), "--base", mine[:12]]) == 0
     assert sorted(p.name for p in out_dir.glob("*.patch")) == names
 
@@ -946,7 +1045,7 @@ def test_read_only_checkout_for_another_user_is_a_message(env: Env) -> None:
         }
         cmd = [
             "runuser", "-u", "nobody", "--", "PYTHON", "-m", "fp4series", "apply", str(co),
-            "--patches", str(base / "patches"), "--lock", str(base / "upstream.lock"),
+            "--patches-dir", str(base / "patches"), "--lock", str(base / "upstream.lock"),
             "--cache-dir", str(base / "cache"),
         ]  # fmt: skip
         usable = [

@@ -2,18 +2,15 @@
 
 from __future__ import annotations
 
-import sys
 from pathlib import Path
 from typing import Any
 
+import plot
 import pytest
 
 from fp4series import report
 
 REPO = Path(__file__).resolve().parents[2]
-sys.path.insert(0, str(REPO / "bench"))
-
-import plot  # noqa: E402
 
 
 def _synthetic() -> dict[str, Any]:

@@ -7,28 +7,19 @@ import subprocess
 from pathlib import Path
 
 import pytest
-from _fakepin import Env, commit, edit, git, isolate_git, make_env
+from _fakepin import Env, commit, edit, git
 
 from fp4series import cli, export
 from fp4series.blobs import blob_id, blob_mismatches, check_series_blobs
 from fp4series.errors import SeriesError
 from fp4series.gitops import open_repo
 from fp4series.lint import lint_paths
+from fp4series.patch import parse_patch
 from fp4series.progress import quiet
-from fp4series.series import load_series, parse_patch
+from fp4series.series import load_series
 
 A_PY = "python/sglang/srt/a.py"
 NEW_PY = "python/sglang/srt/new.py"
-
-
-@pytest.fixture(autouse=True)
-def _git(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
-    isolate_git(monkeypatch, tmp_path)
-
-
-@pytest.fixture
-def env(tmp_path: Path) -> Env:
-    return make_env(tmp_path)
 
 
 def test_authored_commits_match_their_patches(env: Env) -> None:
@@ -156,7 +147,7 @@ def test_without_the_pin_the_blob_check_says_it_was_skipped(env: Env) -> None:
 
 
 def test_lint_cli_blobs_flag(env: Env, capsys: pytest.CaptureFixture) -> None:
-    argv = ["lint", "--patches", str(env.patches), "--root", str(env.root)]
+    argv = ["lint", "--patches-dir", str(env.patches), "--root", str(env.root)]
     assert cli.main(argv) == 0
     assert "note: blob check skipped" in capsys.readouterr().err
     assert cli.main([*argv, "--blobs"]) == 1

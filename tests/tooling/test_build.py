@@ -16,6 +16,7 @@ from pathlib import Path
 
 import _fakepin as fakepin
 import pytest
+from _fakepin import compile_kwargs
 
 from fp4series import build, compile_check, prefix
 from fp4series.errors import SeriesError
@@ -116,7 +117,7 @@ def test_repack_refuses_a_base_that_is_not_the_wheel(tmp_path: Path, need_wheel_
             src, {"sglang/a.py": b"x\n"}, tmp_path / "out", local_version=None,
             expected_old={"sglang/a.py": digest(b"A = 0  # some other release\n")},
         )  # fmt: skip
-    assert "--allow-mismatched-base" in info.value.hint
+    assert "--allow-base-mismatch" in info.value.hint
     assert not list((tmp_path / "out").glob("*.whl"))
 
 
@@ -250,27 +251,13 @@ def fake_sglang(root: Path, template: str = "// v1\n") -> Path:
     return sg
 
 
-def fake_tools(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> tuple[Path, Path]:
-    """A 'python' that only logs its worker calls, and an 'nvcc' that prints a version."""
-    log = tmp_path / "calls.log"
-    py = tmp_path / "fakepy"
-    py.write_text(f'#!/bin/sh\necho "$@" >> {log}\necho built\n')
-    nvcc = tmp_path / "nvcc"
-    nvcc.write_text("#!/bin/sh\necho 'Cuda compilation tools, release 13.0'\n")
-    for f in (py, nvcc):
-        f.chmod(0o755)
-    monkeypatch.setattr(compile_check.shutil, "which", lambda name: str(nvcc))
-    return py, log
-
-
 def test_compile_check_builds_once_then_uses_the_stamp(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    tmp_path: Path, fake_tools: tuple[Path, Path]
 ) -> None:
     sg = fake_sglang(tmp_path)
-    py, log = fake_tools(tmp_path, monkeypatch)
+    py, log = fake_tools
     targets = [compile_check.Target.parse("gptq_marlin:bf16:sm_90")]
-    kw = {"python": py, "sglang_dir": sg, "cache_dir": tmp_path / "cache",
-          "build_root": tmp_path / "jit"}  # fmt: skip
+    kw = compile_kwargs(tmp_path, py, sg)
     assert [r.status for r in compile_check.run_compile_checks(targets, **kw)] == ["built"]
     assert "worker --module gptq_marlin --dtype bf16 --arch sm_90" in log.read_text()
     assert [r.status for r in compile_check.run_compile_checks(targets, **kw)] == ["cached"]
@@ -287,16 +274,14 @@ def test_compile_check_builds_once_then_uses_the_stamp(
 
 
 def test_compile_check_failure_writes_no_stamp(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    tmp_path: Path, fake_tools: tuple[Path, Path]
 ) -> None:
     sg = fake_sglang(tmp_path)
-    _, _ = fake_tools(tmp_path, monkeypatch)
     bad = tmp_path / "badpy"
     bad.write_text("#!/bin/sh\necho 'error: identifier undefined' >&2\nexit 1\n")
     bad.chmod(0o755)
     targets = [compile_check.Target.parse("moe_wna16_marlin:fp16:sm_80")]
-    kw = {"python": bad, "sglang_dir": sg, "cache_dir": tmp_path / "cache",
-          "build_root": tmp_path / "jit"}  # fmt: skip
+    kw = compile_kwargs(tmp_path, bad, sg)
     (result,) = compile_check.run_compile_checks(targets, **kw)
     assert result.status == "failed" and "identifier undefined" in result.detail
     assert not list((tmp_path / "cache").glob("*.stamp"))

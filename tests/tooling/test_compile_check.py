@@ -8,6 +8,7 @@ import types
 from pathlib import Path
 
 import pytest
+from _fakepin import compile_kwargs
 
 from fp4series import compile_check
 from fp4series.errors import SeriesError
@@ -201,19 +202,11 @@ def test_loader_arguments() -> None:
         compile_check._loader_args(moe, dtype, ("zero_inactive_output",))
 
 
-def test_worker_gets_the_discovered_loader(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_worker_gets_the_discovered_loader(tmp_path: Path, fake_tools: tuple[Path, Path]) -> None:
     sg = fake_0523(tmp_path)
-    log = tmp_path / "calls.log"
-    py = tmp_path / "fakepy"
-    py.write_text(f'#!/bin/sh\necho "$@" >> {log}\necho built\n')
-    nvcc = tmp_path / "nvcc"
-    nvcc.write_text("#!/bin/sh\necho 'Cuda compilation tools, release 13.0'\n")
-    for f in (py, nvcc):
-        f.chmod(0o755)
-    monkeypatch.setattr(compile_check.shutil, "which", lambda name: str(nvcc))
+    py, log = fake_tools
     targets = [compile_check.Target.parse("moe_wna16_marlin:fp16:sm_75:expert_ids_are_sorted")]
-    kw = {"python": py, "sglang_dir": sg, "cache_dir": tmp_path / "cache",
-          "build_root": tmp_path / "jit"}  # fmt: skip
+    kw = compile_kwargs(tmp_path, py, sg)
     assert [r.status for r in compile_check.run_compile_checks(targets, **kw)] == ["built"]
     call = log.read_text()
     assert "worker --module moe_wna16_marlin --dtype fp16 --arch sm_75" in call
@@ -274,21 +267,13 @@ def test_the_default_gemm_targets_are_fp4_and_full_builds_whole_modules(tmp_path
 
 
 def test_an_fp4_target_builds_the_reduced_source_and_has_its_own_stamp(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    tmp_path: Path, fake_tools: tuple[Path, Path]
 ) -> None:
     sg = fake_0523(tmp_path)
     dense = sg / "kernels/jit/csrc/gemm/marlin/gptq_marlin.cuh"
     dense.write_text(DENSE_DISPATCH)
-    log = tmp_path / "calls.log"
-    py = tmp_path / "fakepy"
-    py.write_text(f'#!/bin/sh\necho "$@" >> {log}\necho built\n')
-    nvcc = tmp_path / "nvcc"
-    nvcc.write_text("#!/bin/sh\necho 'Cuda compilation tools, release 13.0'\n")
-    for f in (py, nvcc):
-        f.chmod(0o755)
-    monkeypatch.setattr(compile_check.shutil, "which", lambda name: str(nvcc))
-    kw = {"python": py, "sglang_dir": sg, "cache_dir": tmp_path / "cache",
-          "build_root": tmp_path / "jit"}  # fmt: skip
+    py, log = fake_tools
+    kw = compile_kwargs(tmp_path, py, sg)
     fp4 = compile_check.Target.parse("gptq_marlin@fp4:fp16:sm_75")
     (r,) = compile_check.run_compile_checks([fp4], **kw)
     assert r.status == "built" and r.kernels == "2 of 4 dispatch kernels (kFE2M1f)"
@@ -300,8 +285,9 @@ def test_an_fp4_target_builds_the_reduced_source_and_has_its_own_stamp(
     assert stamp["kernels"] == r.kernels
     # the full module is another target: its own build, no --cuda-file
     full = compile_check.Target.parse("gptq_marlin:fp16:sm_75")
-    assert compile_check.target_key(full, sg, py, str(nvcc)) != compile_check.target_key(
-        fp4, sg, py, str(nvcc)
+    nvcc = str(tmp_path / "nvcc")  # the fake one (conftest's fake_tools)
+    assert compile_check.target_key(full, sg, py, nvcc) != compile_check.target_key(
+        fp4, sg, py, nvcc
     )
     assert [r.status for r in compile_check.run_compile_checks([fp4, full], **kw)] == [
         "cached", "built",

@@ -4,42 +4,18 @@ refused unless --allow-empty, and a write interrupted half-way leaves each file 
 
 from __future__ import annotations
 
-import hashlib
 import os
 from pathlib import Path
 
 import pytest
-from _fakepin import Env, git, isolate_git, make_env
+from _fakepin import P2, Env, git, snapshot
 
 from fp4series import cli, export, paths
 from fp4series.errors import SeriesError
 from fp4series.progress import quiet
 
 P1 = "0001-change-value-ten.patch"
-P2 = "0002-return-two-and-add-new-module.patch"
-
-
-@pytest.fixture(autouse=True)
-def _git(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
-    isolate_git(monkeypatch, tmp_path)
-
-
-@pytest.fixture
-def env(tmp_path: Path) -> Env:
-    """The synthetic project as a git work tree with its exported patches/ committed."""
-    env = make_env(tmp_path)
-    git(env.root, "init", "-q")
-    git(env.root, "add", "patches")
-    git(env.root, "commit", "-qm", "series")
-    return env
-
-
-def snapshot(directory: Path) -> dict[str, str]:
-    return {
-        p.name: hashlib.sha256(p.read_bytes()).hexdigest()
-        for p in sorted(directory.iterdir())
-        if p.is_file()
-    }
+pytestmark = pytest.mark.committed_project
 
 
 def run_export(env: Env, checkout: Path, **kw: object) -> list[Path]:
@@ -86,7 +62,7 @@ def test_export_of_a_bare_pin_is_refused_unless_allow_empty(
 ) -> None:
     bare = env.clone("bare")
     before = snapshot(env.patches)
-    argv = ["export", str(bare), "--patches", str(env.patches), "--lock", str(env.lock.path)]
+    argv = ["export", str(bare), "--patches-dir", str(env.patches), "--lock", str(env.lock.path)]
     assert cli.main([*argv, "--cache-dir", str(env.cache)]) == 1
     err = capsys.readouterr().err
     assert "has no commits on top of the pin" in err and "--allow-empty" in err
@@ -172,7 +148,7 @@ def test_a_base_above_the_pin_that_would_delete_patches_is_refused_listing_them(
 ) -> None:
     work = env.root / "authoring"
     before = snapshot(env.patches)
-    argv = ["export", str(work), "--patches", str(env.patches), "--lock", str(env.lock.path)]
+    argv = ["export", str(work), "--patches-dir", str(env.patches), "--lock", str(env.lock.path)]
     argv += ["--cache-dir", str(env.cache), "--base", "HEAD~1"]
     assert cli.main(argv) == 1
     err = capsys.readouterr().err

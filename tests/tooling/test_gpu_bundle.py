@@ -11,17 +11,15 @@ import time
 import zipfile
 from pathlib import Path
 
+import bundle
+import gpu_proof
 import pytest
+import stages
+
+from fp4series import report
+from fp4series.errors import SeriesError
 
 REPO = Path(__file__).resolve().parents[2]
-sys.path.insert(0, str(REPO / "scripts" / "device"))
-
-import bundle  # noqa: E402
-import gpu_proof  # noqa: E402
-import stages  # noqa: E402
-
-from fp4series import report  # noqa: E402
-from fp4series.errors import SeriesError  # noqa: E402
 
 
 def _tree(root: Path, kernel: str) -> Path:

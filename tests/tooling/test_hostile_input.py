@@ -10,27 +10,17 @@ import sys
 from pathlib import Path
 
 import pytest
-from _fakepin import Env, git, isolate_git, make_env
+from _fakepin import P2, Env, git
 
 from fp4series import cli, paths
 from fp4series.errors import SeriesError
 from fp4series.lint import lint_paths
 from fp4series.lock import load_lock
-from fp4series.series import load_series, parse_patch
+from fp4series.patch import parse_patch
+from fp4series.series import load_series
 
 ROOT = Path(__file__).resolve().parents[2]
 P1 = "0001-change-value-ten.patch"
-P2 = "0002-return-two-and-add-new-module.patch"
-
-
-@pytest.fixture(autouse=True)
-def _git(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
-    isolate_git(monkeypatch, tmp_path)
-
-
-@pytest.fixture
-def env(tmp_path: Path) -> Env:
-    return make_env(tmp_path)
 
 
 def lint(env: Env) -> str:
@@ -164,7 +154,7 @@ def apply_refusal(env: Env, capsys: pytest.CaptureFixture) -> str:
     """apply on a fresh clone of the pin: its refusal (stderr); the clone is left as it was."""
     co = env.clone("co")
     head = git(co, "rev-parse", "HEAD")
-    argv = ["apply", str(co), "--patches", str(env.patches), "--lock", str(env.lock.path)]
+    argv = ["apply", str(co), "--patches-dir", str(env.patches), "--lock", str(env.lock.path)]
     assert cli.main([*argv, "--cache-dir", str(env.cache)]) == 1
     assert git(co, "rev-parse", "HEAD") == head and git(co, "status", "--porcelain") == ""
     return capsys.readouterr().err

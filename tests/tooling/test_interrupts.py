@@ -9,7 +9,6 @@ ignored must not change what they do), and are stopped at named pause points
 from __future__ import annotations
 
 import fcntl
-import hashlib
 import os
 import shutil
 import signal
@@ -19,31 +18,13 @@ import time
 from pathlib import Path
 
 import pytest
-from _fakepin import Env, default_signals, git, isolate_git, make_env
+from _fakepin import P2, Env, default_signals, git, snapshot
 
-from fp4series import build, cli, export
+from fp4series import build, cli, errors, export
 from fp4series.progress import quiet
 
 SRC = Path(__file__).resolve().parents[2] / "src"
-P2 = "0002-return-two-and-add-new-module.patch"
-
-
-@pytest.fixture(autouse=True)
-def _git(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
-    isolate_git(monkeypatch, tmp_path)
-
-
-@pytest.fixture
-def env(tmp_path: Path) -> Env:
-    env = make_env(tmp_path)
-    git(env.root, "init", "-q")
-    git(env.root, "add", "patches")
-    git(env.root, "commit", "-qm", "series")
-    return env
-
-
-def snapshot(directory: Path) -> dict[str, str]:
-    return {p.name: hashlib.sha256(p.read_bytes()).hexdigest() for p in directory.iterdir()}
+pytestmark = pytest.mark.committed_project
 
 
 def start(argv: list[str], point: str, pause_dir: Path, cwd: Path) -> subprocess.Popen:
@@ -69,7 +50,7 @@ def start(argv: list[str], point: str, pause_dir: Path, cwd: Path) -> subprocess
 
 def export_argv(env: Env, work: Path) -> list[str]:
     return [
-        "export", str(work), "--patches", str(env.patches), "--lock", str(env.lock.path),
+        "export", str(work), "--patches-dir", str(env.patches), "--lock", str(env.lock.path),
         "--cache-dir", str(env.cache),
     ]  # fmt: skip
 
@@ -186,14 +167,133 @@ def test_a_second_prepare_checkout_waits_for_the_first(tmp_path: Path) -> None:
 def test_sigint_while_a_command_runs_names_it_and_what_to_run_next(
     monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture
 ) -> None:
-    from fp4series import rebase_series
+    from fp4series.replay import rebase
 
     def interrupted(_args: object) -> int:
         raise KeyboardInterrupt
 
-    monkeypatch.setattr(rebase_series, "cmd_rebase", interrupted)
+    monkeypatch.setattr(rebase, "run", interrupted)
     assert cli.main(["rebase", "--status"]) == 130
     err = capsys.readouterr().err
     assert err.startswith("error: rebase was interrupted\n"), err
     assert "scripts/rebase.sh --status says where it stopped" in err and "--abort" in err
     assert err.count("\n") == 2  # one line and its hint
+
+
+# ------------------------------------------------------------- a Ctrl-C while python itself starts
+
+ROOT = SRC.parent
+
+
+def _pending_sigint() -> None:
+    """preexec_fn: SIGINT blocked and already sent, as when Ctrl-C comes while the interpreter
+    starts under scripts/*.sh (which start python with SIGINT blocked)."""
+    default_signals()
+    signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT})
+    os.kill(os.getpid(), signal.SIGINT)
+
+
+STARTING = (
+    "error: interrupted while starting; nothing was done\n"
+    "  what to do: run the same command again\n"
+)
+
+
+def started_with_ctrl_c_pending(argv: list[str], **environ: str) -> subprocess.CompletedProcess:
+    """ARGV run with a Ctrl-C already pending (and SIGINT blocked) when it starts."""
+    env = {k: v for k, v in os.environ.items() if k != errors.SIGINT_BLOCKED_ENV}
+    return subprocess.run(
+        argv,
+        env={**env, **environ},
+        capture_output=True,
+        text=True,
+        preexec_fn=_pending_sigint,
+        check=False,
+    )
+
+
+def test_ctrl_c_during_python_start_up_waits_for_one_line() -> None:
+    argv = [sys.executable, "-m", "fp4series", "lint", "--help"]
+    ours = {errors.SIGINT_BLOCKED_ENV: "1"}  # as scripts/*.sh start it
+    proc = started_with_ctrl_c_pending(argv, PYTHONPATH=str(SRC), **ours)
+    assert proc.returncode == 130, proc.stderr
+    assert proc.stderr == STARTING
+    proc = started_with_ctrl_c_pending(argv, PYTHONPATH=str(SRC))  # a block not ours stays
+    assert proc.returncode == 0 and proc.stderr == ""
+
+
+@pytest.mark.skipif(
+    subprocess.run(["env", "--block-signal=INT", "true"], check=False).returncode != 0,
+    reason="this env cannot block a signal (not GNU coreutils >= 8.31)",
+)
+def test_scripts_start_python_so_that_an_early_ctrl_c_is_one_line() -> None:
+    """A Ctrl-C already pending when the script execs python (PY_START: SIGINT blocked) is
+    reported by fp4series, once; every script starts its python that way."""
+    script = str(ROOT / "scripts" / "lint-patches.sh")
+    proc = started_with_ctrl_c_pending([script, "--help"], FP4SERIES_PYTHON=sys.executable)
+    assert proc.returncode == 130, proc.stderr
+    assert proc.stderr == STARTING
+    for script in sorted((ROOT / "scripts").glob("*.sh")):
+        for line in script.read_text().splitlines():
+            if "-m fp4series" in line and not line.lstrip().startswith("#"):
+                assert '${PY_START[@]+"${PY_START[@]}"}' in line, f"{script.name}: {line}"
+
+
+def test_a_ctrl_c_in_the_scripts_own_steps_is_one_line() -> None:
+    proc = subprocess.run(
+        ["bash", "-c", f'. "{ROOT}/scripts/lib/sigint.sh"; kill -INT $$; echo not reached'],
+        capture_output=True,
+        text=True,
+        preexec_fn=default_signals,
+        check=False,
+    )
+    assert proc.returncode == 130 and proc.stdout == ""
+    assert proc.stderr == (
+        "error: interrupted; nothing more was run\n  what to do: run the same command again\n"
+    )
+
+
+def test_a_command_of_ours_that_reported_the_ctrl_c_is_not_reported_twice() -> None:
+    child = (
+        "import os, signal, sys; os.kill(os.getppid(), signal.SIGINT); "
+        "sys.stderr.write('error: the child said it\\n'); sys.exit(130)"
+    )
+    proc = subprocess.run(
+        ["bash", "-c", f'. "{ROOT}/scripts/lib/sigint.sh"; ours {sys.executable} -c "{child}"'],
+        capture_output=True,
+        text=True,
+        preexec_fn=default_signals,
+        check=False,
+    )
+    assert proc.returncode == 130
+    assert proc.stderr == "error: the child said it\n"
+
+
+def test_an_interrupt_python_wraps_is_still_an_interrupt() -> None:
+    wrapped = RuntimeError("Error calling __set_name__")
+    wrapped.__cause__ = KeyboardInterrupt()
+    assert errors.interrupted(wrapped)
+    said = errors.SeriesError("export was interrupted before it wrote anything")
+    said.__context__ = KeyboardInterrupt()
+    assert not errors.interrupted(said)  # it says what the interrupt left: it stands
+
+
+def test_an_interrupt_caught_after_exec_of_a_string_still_exits_130() -> None:
+    """CPython marks a KeyboardInterrupt leaving exec(str) (dataclasses do that while modules
+    load) as unhandled and would end the process by SIGINT after our exit 130."""
+    code = (
+        "from fp4series.errors import run_main\n"
+        "def main():\n"
+        "    exec('raise KeyboardInterrupt')\n"
+        "run_main(main)\n"
+    )
+    proc = subprocess.run(
+        [sys.executable, "-c", code],
+        env={**os.environ, "PYTHONPATH": str(SRC)},
+        capture_output=True,
+        text=True,
+        preexec_fn=default_signals,
+        check=False,
+    )
+    assert proc.returncode == 130, proc.stderr
+    assert proc.stderr.startswith("error: interrupted while starting")

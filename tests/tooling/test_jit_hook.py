@@ -3,15 +3,11 @@
 from __future__ import annotations
 
 import json
-import sys
 from pathlib import Path
 from typing import Any
 
+import jit_hook
 import pytest
-
-sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "scripts" / "device"))
-
-import jit_hook  # noqa: E402
 
 
 def _tree(root: Path, marlin: str) -> Path:

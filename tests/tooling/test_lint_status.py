@@ -7,7 +7,7 @@ import json
 from pathlib import Path
 
 import pytest
-from _fakepin import Env, isolate_git, make_env
+from _fakepin import P2, Env
 
 from fp4series import cli
 from fp4series.errors import SeriesError
@@ -15,18 +15,7 @@ from fp4series.lint import Problem, lint_paths, rebased_from_problem, status_pro
 from fp4series.patchid import patch_identity, stable_patch_id
 
 P1 = "0001-change-value-ten.patch"
-P2 = "0002-return-two-and-add-new-module.patch"
 PID = "3f2c" + "0" * 36
-
-
-@pytest.fixture(autouse=True)
-def _git(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
-    isolate_git(monkeypatch, tmp_path)
-
-
-@pytest.fixture
-def env(tmp_path: Path) -> Env:
-    return make_env(tmp_path)
 
 
 def _rewrite(path: Path, old: str, new: str) -> None:
@@ -204,7 +193,7 @@ def test_a_patch_judged_upstream_cannot_stay_pending(env: Env) -> None:
 
 def test_partly_upstream_is_a_note_once_a_line_on_that_release_carries_it(env: Env) -> None:
     from fp4series.lint import cross_check
-    from fp4series.series import parse_patch
+    from fp4series.patch import parse_patch
 
     data = json.loads(write_matrix(env, UPSTREAM_P1).read_text())
     patch = parse_patch(env.patches / P2)
@@ -285,7 +274,7 @@ def test_default_matrix_absent_is_a_note_given_one_missing_an_error(env: Env) ->
 
 def test_cli_matrix_options_and_warnings(env: Env, capsys: pytest.CaptureFixture[str]) -> None:
     elsewhere = write_matrix(env, UPSTREAM_P1).rename(env.root / "m.json")
-    argv = ["lint", "--patches", str(env.patches), "--root", str(env.root)]
+    argv = ["lint", "--patches-dir", str(env.patches), "--root", str(env.root)]
     assert cli.main(argv) == 0  # default matrix absent: a note
     assert "cross-check skipped: no matrix" in capsys.readouterr().err
     assert cli.main([*argv, "--matrix", str(elsewhere)]) == 1

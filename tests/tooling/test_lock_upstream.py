@@ -7,7 +7,7 @@ import shutil
 from pathlib import Path
 
 import pytest
-from _fakepin import FILES, WHEEL, git, isolate_git, make_wheel, write_lock
+from _fakepin import FILES, WHEEL, git, make_wheel, write_lock
 
 from fp4series import upstream
 from fp4series.errors import SeriesError
@@ -16,11 +16,6 @@ from fp4series.progress import quiet
 
 PROJECT_LOCK = Path(__file__).resolve().parents[2] / "upstream.lock"
 SHA_A = "a" * 64
-
-
-@pytest.fixture(autouse=True)
-def _git(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
-    isolate_git(monkeypatch, tmp_path)
 
 
 def test_project_lock_names_the_pin_and_targets() -> None:

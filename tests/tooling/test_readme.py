@@ -1,4 +1,5 @@
-"""The README's generated tables: rewritten from patches/ and reports/, drift is caught."""
+"""The generated tables of the README and docs/: rewritten from patches/ and reports/, drift is
+caught."""
 
 from __future__ import annotations
 
@@ -14,17 +15,18 @@ from fp4series.errors import SeriesError
 REPO = Path(__file__).resolve().parents[2]
 
 
-def test_the_committed_readme_is_current() -> None:
-    text = (REPO / "README.md").read_text()
-    assert {"series", "gpu-numerics", "gpu-bench", "tp-matrix"} <= {
-        m["name"] for m in readme.BLOCK.finditer(text)
-    }
-    assert readme.render(text, REPO) == (text, [])
+def test_the_committed_documents_are_current() -> None:
+    names = set()
+    for doc in readme.documents(REPO):
+        text = doc.read_text()
+        names |= {m["name"] for m in readme.BLOCK.finditer(text)}
+        assert readme.render(text, REPO) == (text, []), doc
+    assert {"series", "gpu-numerics", "gpu-bench", "line-0.5.23", "tp-matrix"} <= names
 
 
 @pytest.fixture()
 def project(tmp_path: Path) -> Path:
-    for rel in ("patches", "reports/h200"):
+    for rel in ("patches", "reports/h200", "docs"):
         shutil.copytree(REPO / rel, tmp_path / rel)
     for rel in ("README.md", "upstream.lock"):  # the lock names the lines (line-V blocks)
         shutil.copy2(REPO / rel, tmp_path / rel)
@@ -56,21 +58,23 @@ def test_a_changed_report_is_drift_and_rewriting_fixes_it(
             row["bf16_us"] = row["fp4_us"] * 9.99
     bench.write_text(json.dumps(data))
     monkeypatch.setenv("FP4SERIES_ROOT", str(project))
-    args = ["readme", "--readme", str(project / "README.md")]
+    doc = project / "docs" / "gpu-proof-and-reports.md"
     from fp4series import cli
 
-    assert cli.main([*args, "--check"]) == 1
-    assert "out of date: gpu-bench" in capsys.readouterr().out
-    before = (project / "README.md").read_text()
-    assert cli.main(args) == 0
-    after = (project / "README.md").read_text()
+    assert cli.main(["readme", "--check"]) == 1
+    said = capsys.readouterr().out
+    assert f"{doc}: generated blocks out of date: gpu-bench" in said
+    assert f"{project / 'README.md'}: generated blocks up to date" in said
+    before = doc.read_text()
+    assert cli.main(["readme"]) == 0
+    after = doc.read_text()
     assert "| bf16 cuBLAS time / FP4 time (dense) | 1.19-9.99 |" in after
     for marker, side in (
         ("<!-- generated: gpu-bench -->", 0),
         ("<!-- end generated: gpu-bench", 1),
     ):
         assert before.split(marker)[side] == after.split(marker)[side]  # only the block changed
-    assert cli.main([*args, "--check"]) == 0
+    assert cli.main(["readme", "--check"]) == 0
 
 
 def test_a_patch_subject_change_shows_in_the_series_table(project: Path) -> None:
@@ -92,7 +96,7 @@ def test_a_line_block_shows_its_patches_sources_and_drops(project: Path) -> None
     dropped.write_text(
         dropped.read_text().replace("Applied-Upstream: 0.5.13", "Applied-Upstream: 9.9.9")
     )
-    new, changed = readme.render((project / "README.md").read_text(), project)
+    new, changed = readme.render((project / "docs/lines-and-rebase.md").read_text(), project)
     assert changed == ["line-0.5.23"] and "| 9.9.9 |" in new
 
 

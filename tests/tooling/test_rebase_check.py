@@ -13,14 +13,15 @@ from pathlib import Path
 import _fakepin as fakepin
 import pytest
 
-from fp4series import rebase_check as rc
+from fp4series.commands import rebase_check as rc
 from fp4series.errors import SeriesError
-from fp4series.overlap import load_patch, load_patch_docs
-from fp4series.rebase.matrix import Matrix, Target, run_matrix
-from fp4series.rebase.policy import apply_policy, load_baseline
-from fp4series.rebase.render import to_markdown
-from fp4series.rebase.repo import JudgeRepo
-from fp4series.rebase.verdict import PatchResult, Verdict
+from fp4series.judging.matrix import Matrix, Target, run_matrix
+from fp4series.judging.policy import apply_policy, load_baseline
+from fp4series.judging.render import to_markdown
+from fp4series.judging.repo import JudgeRepo
+from fp4series.judging.verdict import PatchResult, Verdict
+from fp4series.patch import parse_patch
+from fp4series.series import load_series
 
 ENV = {**fakepin.IDENTITY, **fakepin.FIXED_DATES}
 
@@ -102,7 +103,7 @@ def judge_one(tmp_path: Path, patch: Path, release_files: dict[str, str]) -> Ver
     pin = make_release(tmp_path, "0.0.1", PIN)
     target = make_release(tmp_path, "0.0.2", release_files)
     repo = JudgeRepo(tmp_path / "judge")
-    m = run_matrix(repo, [load_patch(patch)], pin, [target], log=lambda s: None)
+    m = run_matrix(repo, [parse_patch(patch)], pin, [target], log=lambda s: None)
     return m.results["0.0.2"][patch.name].verdict
 
 
@@ -294,7 +295,7 @@ def _two_patch_series(tmp_path: Path) -> list[Path]:
 
 def test_series_order_and_alone(tmp_path: Path) -> None:
     _two_patch_series(tmp_path)
-    docs = load_patch_docs(tmp_path / "patches")
+    docs = load_series(tmp_path / "patches")
     pin = make_release(tmp_path, "0.0.1", PIN)
     same = make_release(tmp_path, "0.0.2", {**PIN, "python/pkg/x.py": "x = 1\n"})
     broken = make_release(
@@ -363,7 +364,7 @@ def _creator_series(tmp_path: Path) -> list[str]:
 def test_files_of_a_failed_prerequisite_are_not_judged_not_deleted(tmp_path: Path) -> None:
     """Regression: 0008 was `deleted` where 0006 (which creates the files it edits) failed."""
     c, mm, low, only = _creator_series(tmp_path)
-    docs = load_patch_docs(tmp_path / "patches")
+    docs = load_series(tmp_path / "patches")
     pin = make_release(tmp_path, "0.0.1", PIN)
     a_up = edit(A_PY, "value_5 = 5\n", "value_5 = 6\n")  # M conflicts everywhere
     b_up = edit(B_PY, "1", "3")  # C conflicts from 0.0.3 on
@@ -548,7 +549,7 @@ def test_json_and_markdown(tmp_path: Path) -> None:
     )
     m = run_matrix(
         JudgeRepo(tmp_path / "j"),
-        [load_patch(patch)],
+        [parse_patch(patch)],
         pin,
         [ok, bad, ("0.0.4", "fetch failed: no such wheel")],
         log=lambda s: None,

@@ -28,8 +28,8 @@ import pytest
 from fp4series import cli, export, upstream
 from fp4series.lock import load_lock
 from fp4series.progress import quiet
-from fp4series.rebase import replay
-from fp4series.rebase.record import parse_dropped, stable_patch_id
+from fp4series.replay import engine as replay
+from fp4series.replay.record import parse_dropped, stable_patch_id
 from fp4series.series import read_series_names
 
 SRC = Path(__file__).resolve().parents[2] / "src"
@@ -649,7 +649,7 @@ def test_options_that_would_be_ignored_are_refused(project: Project) -> None:
     rc, out = project.rebase("--to", V, "--out", str(project.root / "elsewhere"))
     assert rc != 0 and f"a line on {V} lives in" in out and "--check" in out
     assert not project.work.exists()
-    rc, out = project.rebase("--to", V, "--line", "0.5.11", "--source-patches", "patches")
+    rc, out = project.rebase("--to", V, "--line", "0.5.11", "--patches-dir", "patches")
     assert rc != 0 and "both name the series to rebase" in out
     for flag in ("--line", "--out"):
         rc, out = project.rebase("--status", flag, "x")

@@ -11,6 +11,7 @@ import pytest
 
 from fp4series import report
 from fp4series.cli import main
+from fp4series.commands import check_reports
 from fp4series.errors import SeriesError
 
 META: dict[str, Any] = {
@@ -277,7 +278,7 @@ def test_bench_schema_and_roofline(tmp_path: Path) -> None:
 def test_missing_dir_is_a_clear_error(tmp_path: Path) -> None:
     args = type("A", (), {"dir": str(tmp_path / "nope"), "allow_none": False})()
     with pytest.raises(SeriesError) as err:
-        report._cmd_check(args)  # type: ignore[arg-type]
+        check_reports._cmd_check(args)  # type: ignore[arg-type]
     assert "does not exist" in str(err.value) and "gpu-proof.sh" in err.value.hint
 
 
@@ -309,11 +310,11 @@ def test_allow_none_passes_only_an_empty_report_dir(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
     args = type("A", (), {"dir": str(tmp_path), "allow_none": True})()
-    assert report._cmd_check(args) == 0  # type: ignore[arg-type]
+    assert check_reports._cmd_check(args) == 0  # type: ignore[arg-type]
     assert "GPU proof pending" in capsys.readouterr().out
     _write(tmp_path, bench={"rows": []})
     with pytest.raises(SeriesError):
-        report._cmd_check(args)  # type: ignore[arg-type]
+        check_reports._cmd_check(args)  # type: ignore[arg-type]
 
 
 def test_fused_shards_gated_per_shard(tmp_path: Path) -> None:
@@ -590,7 +591,7 @@ def test_allow_none_checks_a_lone_e2e_report(
     (tmp_path / "e2e.json").write_text(json.dumps(data))
     args = type("A", (), {"dir": str(tmp_path), "allow_none": True})()
     with pytest.raises(SeriesError):  # present, so checked in full: not "GPU proof pending"
-        report._cmd_check(args)  # type: ignore[arg-type]
+        check_reports._cmd_check(args)  # type: ignore[arg-type]
     out = capsys.readouterr().out
     assert "top-1 agreement 0.9700 < 0.98" in out and "numerics.json: not found" in out
 

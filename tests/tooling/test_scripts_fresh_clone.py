@@ -14,14 +14,9 @@ import subprocess
 from pathlib import Path
 
 import pytest
-from _fakepin import Env, isolate_git, make_env
+from _fakepin import Env, make_env
 
 PROJECT = Path(__file__).resolve().parents[2]
-
-
-@pytest.fixture(autouse=True)
-def _git(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
-    isolate_git(monkeypatch, tmp_path)
 
 
 def fresh_copy(dest: Path) -> Path:
@@ -72,7 +67,7 @@ def test_fresh_clone_runs_the_scripts_without_an_environment(tmp_path: Path) -> 
     assert not (root / ".work" / "venv").exists()
 
     check = script(
-        "apply.sh", "--check", str(co), "--patches", str(pin.patches),
+        "apply.sh", "--check", str(co), "--patches-dir", str(pin.patches),
         "--lock", str(pin.lock.path), "--cache-dir", str(pin.cache),
     )  # fmt: skip
     assert check.returncode == 0, check.stdout + check.stderr

@@ -6,25 +6,15 @@ import re
 from pathlib import Path
 
 import pytest
-from _fakepin import Env, isolate_git, make_env
+from _fakepin import P2, Env
 
 from fp4series import cli
 from fp4series.errors import SeriesError
 from fp4series.lint import lint_paths
-from fp4series.series import ZERO_ID, load_series, parse_patch
+from fp4series.patch import ZERO_ID, parse_patch
+from fp4series.series import load_series
 
 P1 = "0001-change-value-ten.patch"
-P2 = "0002-return-two-and-add-new-module.patch"
-
-
-@pytest.fixture(autouse=True)
-def _git(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
-    isolate_git(monkeypatch, tmp_path)
-
-
-@pytest.fixture
-def env(tmp_path: Path) -> Env:
-    return make_env(tmp_path)
 
 
 def lint(env: Env, *files: Path) -> list[str]:
@@ -133,7 +123,7 @@ def test_missing_trailers_and_series_problems(env: Env) -> None:
 
 
 def test_lint_cli_exit_codes(env: Env, capsys: pytest.CaptureFixture) -> None:
-    argv = ["lint", "--patches", str(env.patches), "--root", str(env.root)]
+    argv = ["lint", "--patches-dir", str(env.patches), "--root", str(env.root)]
     assert cli.main(argv) == 0
     _rewrite(env.patches / P1, "What:\n", "Whatever:\n")
     assert cli.main(argv) == 1

@@ -14,8 +14,9 @@ import _fakepin as fakepin
 import pytest
 
 from fp4series import split as sp
+from fp4series.commands import split as split_command
 from fp4series.errors import SeriesError
-from fp4series.overlap import load_patch_docs
+from fp4series.series import load_series
 
 ENV = {**fakepin.IDENTITY, "GIT_AUTHOR_NAME": "Author One", "GIT_AUTHOR_EMAIL": "a@example.com"}
 A_PY = "".join(f"value_{i} = {i}\n" for i in range(1, 41))
@@ -101,7 +102,7 @@ def subjects(repo: Path, branch: str) -> list[str]:
 def run_split(
     world: dict[str, Path], base_override: str = "pin", rel: Path | None = None, **kw: object
 ) -> list[sp.SplitResult]:
-    docs = load_patch_docs(world["patches"])
+    docs = load_series(world["patches"])
     kw.setdefault("log", lambda s: None)
     return sp.split(
         world["target"],
@@ -273,9 +274,9 @@ def test_cli_prints_commands_never_pushes(
     _write_pin_lock(root)
     monkeypatch.setenv("FP4SERIES_ROOT", str(root))
     parser = argparse.ArgumentParser()
-    sp.register(parser.add_subparsers())
+    split_command.register(parser.add_subparsers())
     args = parser.parse_args(
-        ["split", str(world["target"]), "--patches-dir", str(world["patches"]), "--patches", "grp"]
+        ["split", str(world["target"]), "--patches-dir", str(world["patches"]), "--only", "grp"]
     )
     assert args.func(args) == 0
     out = capsys.readouterr().out
@@ -289,7 +290,7 @@ def test_cli_prints_commands_never_pushes(
     with pytest.raises(Exception, match="no tag v9.9.9"):
         sp.split(
             world["target"],
-            load_patch_docs(world["patches"]),
+            load_series(world["patches"]),
             base=bad.base,
             pin_version="0.0.1",
             pin_tag="v0.0.1",
@@ -329,7 +330,7 @@ def test_base_on_a_newer_release_fetched_into_the_repo(world: dict[str, Path]) -
             }
         )
     )
-    docs = load_patch_docs(world["patches"])
+    docs = load_series(world["patches"])
     common = dict(
         pin_version="0.0.1",
         pin_tag="v0.0.1",
@@ -357,21 +358,21 @@ def test_base_on_a_newer_release_fetched_into_the_repo(world: dict[str, Path]) -
 def test_cli_clones_the_materialized_pin_when_repo_is_missing(
     world: dict[str, Path], monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    from fp4series import rebase_check
+    from fp4series import upstream
 
     root = world["root"]
     _write_pin_lock(root)
     monkeypatch.setenv("FP4SERIES_ROOT", str(root))
     monkeypatch.setattr(
-        rebase_check,
+        upstream,
         "prepare_release",
-        lambda lock, version, work, cache: rebase_check.Target(version, world["pin"], "v0.0.1"),
+        lambda lock, version, work, cache: upstream.Target(version, world["pin"], "v0.0.1"),
     )
     parser = argparse.ArgumentParser()
-    sp.register(parser.add_subparsers())
+    split_command.register(parser.add_subparsers())
     fresh = root / "fresh" / "repo"
     args = parser.parse_args(
-        ["split", str(fresh), "--patches-dir", str(world["patches"]), "--patches", "other-b"]
+        ["split", str(fresh), "--patches-dir", str(world["patches"]), "--only", "other-b"]
     )
     assert args.func(args) == 0
     assert subjects(fresh, "nvfp4-marlin/other-b") == ["[Quant] Other b"]
@@ -500,7 +501,7 @@ def split_line(line: dict[str, Path], **kw: object) -> list[sp.SplitResult]:
         log=lambda s: None,
     )
     common.update(kw)
-    docs = load_patch_docs(kw.pop("patches_dir", line["line"]))  # type: ignore[arg-type]
+    docs = load_series(kw.pop("patches_dir", line["line"]))  # type: ignore[arg-type]
     common.pop("patches_dir", None)
     return sp.split(line["target"], docs, **common)  # type: ignore[arg-type]
 
@@ -544,7 +545,7 @@ def test_own_base_never_falls_back_to_three_way(world: dict[str, Path]) -> None:
         "0.0.2",
         {"python/pkg/__init__.py": "", "python/pkg/a.py": REL_A, "python/pkg/b.py": "B = 1\n"},
     )
-    docs = load_patch_docs(world["patches"])
+    docs = load_series(world["patches"])
     common = dict(
         base="0.0.2",
         pin_version="0.0.1",
@@ -629,7 +630,7 @@ def test_record_then_range_diff_after_an_edit_then_unchanged(world: dict[str, Pa
     path = world["patches"] / "0002-other-b.patch"
     path.write_text(path.read_text().replace("+B = 2\n", "+B = 3\n"))
     logged: list[str] = []
-    docs = load_patch_docs(world["patches"])
+    docs = load_series(world["patches"])
     second = sp.split(
         t,
         docs,
@@ -685,7 +686,7 @@ def test_cli_line_combination_patches_dir_and_base(
 ) -> None:
     """What the lead's --line 0.0.2 maps to: --patches-dir patches/0.0.2 --base 0.0.2 (plus
     --series-base 0.0.2 and the line's python): branches on the materialized v0.0.2, exact."""
-    from fp4series import rebase_check
+    from fp4series import upstream
 
     root = line["root"]
     _write_pin_lock(root)
@@ -693,13 +694,13 @@ def test_cli_line_combination_patches_dir_and_base(
     monkeypatch.setenv("FP4SERIES_ROOT", str(root))
     asked: list[str] = []
 
-    def prepare(lock: object, version: str, work: Path, cache: Path) -> rebase_check.Target:
+    def prepare(lock: object, version: str, work: Path, cache: Path) -> upstream.Target:
         asked.append(version)
-        return rebase_check.Target(version, line["rel"], f"v{version}")
+        return upstream.Target(version, line["rel"], f"v{version}")
 
-    monkeypatch.setattr(rebase_check, "prepare_release", prepare)
+    monkeypatch.setattr(upstream, "prepare_release", prepare)
     parser = argparse.ArgumentParser()
-    sp.register(parser.add_subparsers())
+    split_command.register(parser.add_subparsers())
     out = root / "cli-split"
     fresh = root / "fresh-line-repo"  # absent: a clone of the materialized base is made
     argv = ["split", str(fresh), "--patches-dir", str(root / "patches" / "0.0.2"),
@@ -845,12 +846,7 @@ def test_a_placed_test_that_names_this_project_is_named_for_its_author(
 def test_without_a_git_identity_the_committer_is_the_author_not_this_tooling(
     line: dict[str, Path], monkeypatch: pytest.MonkeyPatch, tmp_path: Path
 ) -> None:
-    empty = tmp_path / "no-gitconfig"
-    empty.write_text("")
-    monkeypatch.setenv("GIT_CONFIG_GLOBAL", str(empty))
-    monkeypatch.setenv("GIT_CONFIG_NOSYSTEM", "1")
-    for var in ("GIT_COMMITTER_NAME", "GIT_COMMITTER_EMAIL", "EMAIL"):
-        monkeypatch.delenv(var, raising=False)
+    fakepin.isolate_git(monkeypatch, tmp_path, identity=False)
     split_line(line, project=line["project"])
     t = line["target"]
     for branch in ("nvfp4-marlin/line-change-a", "nvfp4-marlin/line-b"):

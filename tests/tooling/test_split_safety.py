@@ -221,9 +221,9 @@ import sys
 import time
 from pathlib import Path
 from fp4series import split as sp
-from fp4series.overlap import load_patch_docs
+from fp4series.series import load_series
 root = Path(sys.argv[1])
-sp.split(root / "target", load_patch_docs(root / "patches"), base="pin", pin_version="0.0.1",
+sp.split(root / "target", load_series(root / "patches"), base="pin", pin_version="0.0.1",
          pin_tag="v0.0.1", pin_commit=None, out_dir=root / "split",
          reports_dir=root / "reports", log=lambda s: None)
 """

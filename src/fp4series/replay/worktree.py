@@ -11,43 +11,18 @@ from __future__ import annotations
 import hashlib
 import os
 import subprocess
-import tempfile
 from pathlib import Path
 
 from git import Repo
 
+from fp4series import gitops
 from fp4series.errors import SeriesError, machine_hint
 from fp4series.gitops import ABORT_COMMANDS, operation_in_progress
-from fp4series.rebase.repo import _offsets
+from fp4series.judging.repo import offsets
 
 BRANCH = "fp4series-rebase"
 SOURCE_BASE_REF = "refs/fp4series/source-base"
 UNMERGED = {"DD", "AU", "UD", "UA", "DU", "AA", "UU"}
-_GIT_LOCATION = ("GIT_DIR", "GIT_WORK_TREE", "GIT_INDEX_FILE")
-
-
-def patch_meta(text: str) -> dict[str, str]:
-    """Author name, email, date and message of a format-patch file, read as ``git am`` does."""
-    with tempfile.TemporaryDirectory(prefix="fp4series-mailinfo-") as d:
-        proc = subprocess.run(
-            ["git", "mailinfo", "-b", "-u", f"{d}/msg", f"{d}/patch"],
-            input=text.encode("utf-8", "surrogateescape"),
-            capture_output=True,
-            check=False,
-        )
-        if proc.returncode != 0:
-            raise SeriesError(
-                f"git mailinfo could not read the patch: {proc.stderr.decode().strip()}",
-                hint="regenerate the patch with scripts/export.sh",
-            )
-        body = Path(d, "msg").read_text(encoding="utf-8", errors="surrogateescape")
-    info = dict(ln.split(": ", 1) for ln in proc.stdout.decode().splitlines() if ": " in ln)
-    return {
-        "name": info.get("Author", ""),
-        "email": info.get("Email", ""),
-        "date": info.get("Date", ""),
-        "message": info.get("Subject", "") + "\n\n" + body,
-    }
 
 
 class WorkCheckout:
@@ -59,9 +34,7 @@ class WorkCheckout:
     def clone(
         cls, path: Path, release_repo: str, tag: str, source_repo: str, source_tag: str
     ) -> WorkCheckout:
-        proc = subprocess.run(
-            ["git", "clone", "-q", release_repo, str(path)], capture_output=True, text=True
-        )
+        proc = gitops.run(None, "clone", "-q", release_repo, str(path))
         if proc.returncode != 0:
             raise SeriesError(
                 f"git clone {release_repo} failed: {proc.stderr.strip()}",
@@ -84,17 +57,7 @@ class WorkCheckout:
         env: dict[str, str] | None = None,
         check: bool = True,
     ) -> subprocess.CompletedProcess[str]:
-        full = {k: v for k, v in os.environ.items() if k not in _GIT_LOCATION}
-        proc = subprocess.run(
-            ["git", *args],
-            cwd=self.path,
-            input=stdin,
-            capture_output=True,
-            text=True,
-            encoding="utf-8",
-            errors="surrogateescape",
-            env={**full, **(env or {})},
-        )
+        proc = gitops.run(self.path, *args, input=stdin, env=env)
         if check and proc.returncode != 0:
             said = proc.stderr.strip()
             raise SeriesError(
@@ -173,7 +136,7 @@ class WorkCheckout:
             "apply", "--index", "-v", "--whitespace=nowarn", "-", stdin=text, check=False
         )
         if exact.returncode == 0:
-            shifted = any(any(x) for x in _offsets(exact.stderr).values())
+            shifted = any(any(x) for x in offsets(exact.stderr).values())
             return ("offset" if shifted else "clean"), ""
         three = self.git("apply", "--3way", "--whitespace=nowarn", "-", stdin=text, check=False)
         if three.returncode == 0:

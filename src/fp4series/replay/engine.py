@@ -2,16 +2,16 @@
 to the user, and survive a kill at any point.
 
 Everything lives in the tool's own directory ``.work/rebase/<V>/``:
-    checkout/    the work checkout (fp4series.rebase.worktree), branch ``fp4series-rebase``
+    checkout/    the work checkout (fp4series.replay.worktree), branch ``fp4series-rebase``
     source/      a snapshot of the source series (edits to patches/ meanwhile do not count)
     record/      a snapshot of the target line, when it exists: the record of resolutions
-    judge/       the judge's scratch repository (fp4series.rebase.repo)
+    judge/       the judge's scratch repository (fp4series.judging.repo)
     state.json   the State below, replaced atomically after every step
     message      the prepared commit message of the step handed to the user
 
-Per source patch, in series order (verdicts from fp4series.rebase.stack, judged once at the
+Per source patch, in series order (verdicts from fp4series.judging.stack, judged once at the
 start on the release, with the source series stacked):
-    recorded resolution   replayed exactly (git am, no 3-way, no fuzz): fp4series.rebase.record
+    recorded resolution   replayed exactly (git am, no 3-way, no fuzz): fp4series.replay.record
     upstream              dropped, with a stanza naming the first release judged upstream
     partly-upstream       shrunk to the hunks upstream lacks, then applied like the rest
     anything else         applied exactly (clean/offset, files upstream moved followed), else
@@ -28,22 +28,25 @@ reset (``--drop`` resets only a tree that is still exactly as the tool left it).
 from __future__ import annotations
 
 import json
-import os
 import re
 import shutil
-import subprocess
 from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
+from fp4series import gitops
 from fp4series.checkout import wait_at
 from fp4series.errors import SeriesError
-from fp4series.export import _existing_stems, patch_stem
-from fp4series.overlap import PatchDoc, load_patch_docs
+from fp4series.export import existing_stems, patch_stem
+from fp4series.judging.matrix import Target
+from fp4series.judging.repo import JudgeRepo
+from fp4series.judging.stack import check_tree
+from fp4series.judging.verdict import PatchResult
+from fp4series.patch import Patch, parse_trailers
+from fp4series.paths import write_atomically
 from fp4series.progress import Progress
-from fp4series.rebase.matrix import Target
-from fp4series.rebase.record import (
+from fp4series.replay.record import (
     DROPPED,
     TRAILER,
     Record,
@@ -52,11 +55,8 @@ from fp4series.rebase.record import (
     stable_patch_id,
     stanza,
 )
-from fp4series.rebase.repo import JudgeRepo
-from fp4series.rebase.stack import check_tree
-from fp4series.rebase.verdict import PatchResult
-from fp4series.rebase.worktree import WorkCheckout, patch_meta
-from fp4series.series import SERIES_FILE, load_series, parse_trailers
+from fp4series.replay.worktree import WorkCheckout
+from fp4series.series import SERIES_FILE, load_series
 
 STATE = "state.json"
 MESSAGE = "message"
@@ -123,12 +123,7 @@ def load_state(work: Path) -> State | None:
 
 
 def save_state(work: Path, state: State) -> None:
-    tmp = work / (STATE + ".tmp")
-    with open(tmp, "w", encoding="utf-8") as fh:
-        fh.write(json.dumps(asdict(state), indent=1) + "\n")
-        fh.flush()
-        os.fsync(fh.fileno())
-    os.replace(tmp, work / STATE)
+    write_atomically(work / STATE, (json.dumps(asdict(state), indent=1) + "\n").encode())
 
 
 @dataclass
@@ -177,21 +172,18 @@ def line_message(message: str, trailer: str, renames: dict[str, list[str]]) -> s
 
 
 def judge_series(
-    repo: JudgeRepo, docs: Sequence[PatchDoc], release: Target, source: Target
+    repo: JudgeRepo, docs: Sequence[Patch], release: Target, source: Target
 ) -> dict[str, PatchResult]:
-    """The judge's verdicts (fp4series.rebase.stack) of the whole series on RELEASE."""
+    """The judge's verdicts (fp4series.judging.stack) of the whole series on RELEASE."""
     trees = []
     for t in (release, source):
         repo.borrow(t.repo)
-        proc = subprocess.run(
-            ["git", "rev-parse", f"{t.rev}^{{tree}}"], cwd=t.repo, capture_output=True, text=True
-        )
-        if proc.returncode != 0:
+        tree = gitops.rev(t.repo, f"{t.rev}^{{tree}}")
+        if tree is None:
             raise SeriesError(
-                f"{t.repo} has no {t.rev} ({proc.stderr.strip()})",
-                hint=f"remove {t.repo} so that it is materialized again",
+                f"{t.repo} has no {t.rev}", hint=f"remove {t.repo} so that it is materialized again"
             )
-        trees.append(proc.stdout.strip())
+        trees.append(tree)
     return check_tree(repo, docs, trees[0], trees[1])
 
 
@@ -209,7 +201,7 @@ class Replay:
         self.work, self.state, self.prepare = work, state, prepare
         self.progress = progress or Progress()
         self.co = WorkCheckout(work / "checkout")
-        self._docs: list[PatchDoc] | None = None
+        self._docs: list[Patch] | None = None
         self._record: Record | None = None
         self._stems: dict[str, str] | None = None
 
@@ -268,9 +260,9 @@ class Replay:
         return r
 
     @property
-    def docs(self) -> list[PatchDoc]:
+    def docs(self) -> list[Patch]:
         if self._docs is None:
-            self._docs = load_patch_docs(self.work / "source")
+            self._docs = load_series(self.work / "source")
         return self._docs
 
     @property
@@ -309,10 +301,12 @@ class Replay:
         return f"{p['name']} {p['patch_id']}"
 
     def message(self, i: int) -> tuple[str, dict[str, str]]:
-        """The line's commit message for source patch I, and its author (name, email, date)."""
-        meta = patch_meta(self.docs[i].text)
+        """The line's commit message for source patch I, and its author (name, email, date),
+        as ``git am`` would take them from the patch."""
+        doc = self.docs[i]
+        author = {"name": doc.author_name, "email": doc.author_email, "date": doc.date}
         renames = {d["patch"]: d["names"] for d in self.state.done}
-        return line_message(meta.pop("message"), self.trailer(i), renames), meta
+        return line_message(doc.commit_message(), self.trailer(i), renames), author
 
     # ---------------------------------------------------------------------------------- steps
 
@@ -386,10 +380,10 @@ class Replay:
         rename = p["moved_to"] or None
         rows = p["hunks"] if p["verdict"] == "partly-upstream" else []
         skip = set(p["not_judged"])
-        if len(rows) != sum(len(fd.hunks) for fd in doc.diff.files if fd.old_path not in skip):
+        if len(rows) != sum(len(fd.hunks) for fd in doc.changes if fd.old_path not in skip):
             rows = []  # not the judge's per-hunk rows: apply it whole
         parts, removed, k = [], [], 0
-        for fd in doc.diff.files:
+        for fd in doc.changes:
             if not rows or fd.old_path in skip or not fd.hunks:
                 parts.append(fd.text(rename=rename))
                 continue
@@ -449,7 +443,7 @@ class Replay:
         subject already in --out, else one made from the subject."""
         if self._stems is None:
             out = Path(self.state.out)
-            self._stems = _existing_stems(out) if out.is_dir() else {}
+            self._stems = existing_stems(out) if out.is_dir() else {}
         subject = self.co.subject(commit)
         stem = self._stems.get(subject) or patch_stem(subject)
         return f"{self.co.count(self.state.tag, commit):04d}-{stem}.patch"

@@ -8,16 +8,16 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from fp4series.overlap import PatchDoc
-from fp4series.rebase.repo import JudgeRepo
+from fp4series.judging.repo import JudgeRepo
+from fp4series.patch import Patch
 
 IDENT = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)*(\([^)]*\))?$")
 
 
-def added_symbols(doc: PatchDoc) -> list[str]:
+def added_symbols(doc: Patch) -> list[str]:
     """Public defs/classes a patch adds to Python files (used when it declares no Provides:)."""
     out: list[str] = []
-    for f in doc.diff.files:
+    for f in doc.changes:
         if not (f.new_path or "").endswith(".py"):
             continue
         for h in f.hunks:
@@ -125,7 +125,7 @@ def symbol_names(symbols: Sequence[str]) -> set[str]:
     return out
 
 
-def patch_symbols(doc: PatchDoc) -> tuple[list[str], str]:
+def patch_symbols(doc: Patch) -> tuple[list[str], str]:
     """The symbols the rule checks: ``Provides:`` when declared, else the public defs added."""
     declared = [s for s in doc.provides if IDENT.match(s)]
     if declared:
@@ -134,7 +134,7 @@ def patch_symbols(doc: PatchDoc) -> tuple[list[str], str]:
 
 
 def judge_symbols(
-    repo: JudgeRepo, doc: PatchDoc, release_tree: str, pin_tree: str
+    repo: JudgeRepo, doc: Patch, release_tree: str, pin_tree: str
 ) -> tuple[list[SymbolHit], str]:
     """Symbol evidence for DOC in the release (vs the pin) and where the symbol list came from."""
     declared, source = patch_symbols(doc)

@@ -4,20 +4,21 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from fp4series.overlap import PatchDoc, derived_dependencies
-from fp4series.rebase.judge import SeriesFile, judge
-from fp4series.rebase.repo import JudgeRepo
-from fp4series.rebase.symbols import (
+from fp4series.judging.judge import SeriesFile, judge
+from fp4series.judging.repo import JudgeRepo
+from fp4series.judging.symbols import (
     judge_symbols,
     patch_symbols,
     symbol_names,
 )
-from fp4series.rebase.verdict import APPLIES, PatchResult
+from fp4series.judging.verdict import APPLIES, PatchResult
+from fp4series.overlap import derived_dependencies
+from fp4series.patch import Patch
 
 
 def check_tree(
     repo: JudgeRepo,
-    docs: Sequence[PatchDoc],
+    docs: Sequence[Patch],
     release_tree: str,
     pin_tree: str,
     deps: dict[str, set[str]] | None = None,
@@ -86,8 +87,8 @@ def check_tree(
             if new is not None:
                 stack = new
                 stacked.append(doc.name)
-        for fd in doc.diff.files:
+        for fd in doc.changes:
             if fd.is_new and fd.new_path and fd.new_path not in created:
-                body = "".join(ln for h in fd.hunks for ln in h.new_lines())
+                body = "".join(ln for h in fd.hunks for ln in h.images()[1])
                 created[fd.new_path] = SeriesFile(doc.name, body)
     return results

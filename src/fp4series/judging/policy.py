@@ -8,8 +8,8 @@ from pathlib import Path
 from typing import Any
 
 from fp4series.errors import SeriesError
-from fp4series.rebase.matrix import Matrix
-from fp4series.rebase.verdict import FAILS
+from fp4series.judging.matrix import Matrix
+from fp4series.judging.verdict import FAILS
 
 POLICIES = ("newest", "any", "baseline", "report")
 

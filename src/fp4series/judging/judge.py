@@ -7,12 +7,12 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from fp4series.overlap import FileDiff, Hunk, PatchDoc
-from fp4series.rebase.repo import ApplyResult, JudgeRepo
-from fp4series.rebase.symbols import (
+from fp4series.judging.repo import ApplyResult, JudgeRepo
+from fp4series.judging.symbols import (
     SymbolHit,
 )
-from fp4series.rebase.verdict import Verdict
+from fp4series.judging.verdict import Verdict
+from fp4series.patch import FileDiff, Hunk, Patch
 
 SIMILARITY = 0.5  # minimum content similarity for "moved"
 
@@ -85,8 +85,8 @@ def _hunk_present(h: Hunk, text: str | None, fd: FileDiff) -> bool:
     if text is None:
         return fd.is_deleted
     lines = [ln + "\n" if not ln.endswith("\n") else ln for ln in text.splitlines()]
-    new = [ln if ln.endswith("\n") else ln + "\n" for ln in h.new_lines()]
-    old = [ln if ln.endswith("\n") else ln + "\n" for ln in h.old_lines()]
+    new = [ln if ln.endswith("\n") else ln + "\n" for ln in h.postimage()]
+    old = [ln if ln.endswith("\n") else ln + "\n" for ln in h.preimage()]
     if fd.is_new:
         return lines == new or (len(new) >= 3 and _block_present(lines, new))
     if h.added():
@@ -132,7 +132,7 @@ def _what_is_there(h: Hunk, text: str | None) -> str:
     if not text:
         return ""
     lines = text.splitlines()
-    old = [x.rstrip("\n") for x in h.old_lines()]
+    old = [x.rstrip("\n") for x in h.preimage()]
     n = len(old)
     if n == 0 or len(lines) < n:
         return ""
@@ -156,7 +156,7 @@ def _what_is_there(h: Hunk, text: str | None) -> str:
 
 def judge(
     repo: JudgeRepo,
-    doc: PatchDoc,
+    doc: Patch,
     base_tree: str,
     *,
     release_tree: str,
@@ -178,7 +178,7 @@ def judge(
     missing: list[str] = []
     unjudged: dict[str, SeriesFile] = {}
     sims: dict[str, float] = {}
-    for fd in doc.diff.files:
+    for fd in doc.changes:
         if fd.is_new or fd.old_path is None or fd.old_path in files:
             continue
         pin_blob = pin_files.get(fd.old_path)
@@ -195,7 +195,7 @@ def judge(
         elif origin is not None:
             unjudged[fd.old_path] = origin
         # else: neither at the pin nor from an earlier patch: its hunks fail as conflicts
-    judged_files = [fd for fd in doc.diff.files if fd.old_path not in unjudged]
+    judged_files = [fd for fd in doc.changes if fd.old_path not in unjudged]
     # new files whose directory moved follow their siblings
     dir_moves = {
         old.rsplit("/", 1)[0]: new.rsplit("/", 1)[0]
@@ -249,7 +249,7 @@ def judge(
             "reason": f"the file comes from {unjudged[fd.old_path or ''].creator}, "
             "which is not applied on this tree: no evidence about upstream",
         }
-        for fd in doc.diff.files
+        for fd in doc.changes
         if fd.old_path in unjudged
     ]
     if renames:

@@ -2,28 +2,20 @@
 
 from __future__ import annotations
 
-import subprocess
 import sys
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
+from fp4series import gitops
 from fp4series.errors import SeriesError
-from fp4series.overlap import PatchDoc, derived_dependencies
-from fp4series.rebase.repo import JudgeRepo
-from fp4series.rebase.stack import check_tree
-from fp4series.rebase.verdict import PatchResult, Verdict
-
-
-@dataclass
-class Target:
-    """A materialized release: its version and a git repo + revision holding its tree."""
-
-    version: str
-    repo: Path
-    rev: str
+from fp4series.judging.repo import JudgeRepo
+from fp4series.judging.stack import check_tree
+from fp4series.judging.verdict import PatchResult, Verdict
+from fp4series.overlap import derived_dependencies
+from fp4series.patch import Patch
+from fp4series.upstream import Target
 
 
 @dataclass
@@ -64,7 +56,7 @@ class Matrix:
 
 def run_matrix(
     repo: JudgeRepo,
-    docs: Sequence[PatchDoc],
+    docs: Sequence[Patch],
     pin: Target,
     targets: Sequence[Target | tuple[str, str]],
     *,
@@ -107,12 +99,9 @@ def run_matrix(
 
 def _resolve(t: Target) -> str:
     """The commit of T in its repo, as an object id the judge repo can read via alternates."""
-    proc = subprocess.run(
-        ["git", "rev-parse", f"{t.rev}^{{commit}}"], cwd=t.repo, capture_output=True, text=True
-    )
-    if proc.returncode != 0:
+    commit = gitops.rev(t.repo, f"{t.rev}^{{commit}}")
+    if commit is None:
         raise SeriesError(
-            f"{t.repo} has no revision {t.rev} ({proc.stderr.strip()})",
-            hint=f"delete {t.repo} so it is materialized again",
+            f"{t.repo} has no revision {t.rev}", hint=f"delete {t.repo} so it is materialized again"
         )
-    return proc.stdout.strip()
+    return commit

@@ -1,15 +1,15 @@
 """Rebase the series onto a newer upstream release: a maintained line in patches/<VERSION>/.
 
-  rebase --to VERSION [--line SOURCE | --source-patches DIR] [--out DIR] [--lock FILE] [--force]
+  rebase --to VERSION [--line SOURCE | --patches-dir DIR] [--out DIR] [--lock FILE] [--force]
   rebase --continue [--drop REASON] [--force]
   rebase --abort
   rebase --status
-  rebase --to VERSION --check [--source-patches DIR] [--out DIR] [--lock FILE]
+  rebase --to VERSION --check [--patches-dir DIR] [--out DIR] [--lock FILE]
 
 --to materializes the release (its wheel sha256-verified, .work/upstream/<V>), judges the whole
-source series on it (the rebase check's judge: fp4series.rebase.stack) and replays it patch by
+source series on it (the rebase check's judge: fp4series.judging.stack) and replays it patch by
 patch, in series order, on a work checkout .work/rebase/<V>/checkout (engine and crash safety:
-fp4series.rebase.replay):
+fp4series.replay.engine):
   - a resolution recorded in the target line (a patch whose ``Rebased-From:`` names the source
     patch with its current patch-id, or a drop stanza) is replayed exactly: a rerun reproduces
     the committed line byte for byte; a stale record (the source was edited since) is said so;
@@ -63,10 +63,9 @@ from typing import Any
 from fp4series import export, lint, paths
 from fp4series import lock as lock_mod
 from fp4series.errors import SeriesError
+from fp4series.judging.matrix import Target
 from fp4series.progress import Progress
-from fp4series.rebase.matrix import Target
-from fp4series.rebase.record import DROPPED, Dropped, Stanza, parse_dropped, write_dropped
-from fp4series.rebase.replay import (
+from fp4series.replay.engine import (
     MESSAGE,
     OWNER,
     STATE,
@@ -77,9 +76,10 @@ from fp4series.rebase.replay import (
     pause,
     stop_of,
 )
-from fp4series.rebase.worktree import WorkCheckout
-from fp4series.rebase_check import prepare_release
+from fp4series.replay.record import DROPPED, Dropped, Stanza, parse_dropped, write_dropped
+from fp4series.replay.worktree import WorkCheckout
 from fp4series.series import SERIES_FILE, load_series, read_series_names
+from fp4series.upstream import prepare_release
 
 SCRIPT = "scripts/rebase.sh"
 LOCK_FILE = "rebase.lock"
@@ -93,12 +93,14 @@ ABORTED = "rebase-aborted"  # under .work: work checkouts --abort moved aside
 ABORTING = "aborting"  # written first by --abort: the rebase is being undone, not resumable
 
 
-def cmd_rebase(args: argparse.Namespace) -> int:
+def run(args: argparse.Namespace) -> int:
+    """The rebase as the command's options say (module doc); its exit status."""
     root = paths.project_root()
     base = root / ".work" / "rebase"
     starting = [o for o in ("line", "source_patches", "out", "lock") if getattr(args, o)]
     if not args.to and starting:
-        flags = ", ".join("--" + o.replace("_", "-") for o in starting)
+        spelled = {"source_patches": "--patches-dir"}
+        flags = ", ".join(spelled.get(o, "--" + o.replace("_", "-")) for o in starting)
         raise SeriesError(
             f"{flags} only go with --to: a rebase in progress keeps what it was started with",
             hint=f"{SCRIPT} --status shows it",
@@ -215,7 +217,7 @@ def _start(root: Path, base: Path, args: argparse.Namespace) -> int:
 
     if args.source_patches and args.line:
         raise SeriesError(
-            "--source-patches and --line both name the series to rebase", hint="give one of them"
+            "--patches-dir and --line both name the series to rebase", hint="give one of them"
         )
     entry = lock.line(version)
     if args.source_patches:
@@ -803,37 +805,3 @@ def _summary(st: State) -> str:
         out += [f"  {name} ({len(rows)}):", *rows]
     out += [f"  note: {n}" for n in st.notes]
     return "\n".join(out)
-
-
-def register(subparsers: argparse._SubParsersAction) -> None:
-    p = subparsers.add_parser(
-        "rebase",
-        help="rebase the series onto a newer release (a maintained line)",
-        description=__doc__,
-        formatter_class=argparse.RawDescriptionHelpFormatter,
-    )
-    what = p.add_mutually_exclusive_group(required=True)
-    what.add_argument("--to", metavar="VERSION", help="start a rebase onto this lock target")
-    what.add_argument("--continue", dest="cont", action="store_true", help="resume it")
-    what.add_argument("--abort", action="store_true", help="give it up (removes its .work dir)")
-    what.add_argument("--status", action="store_true", help="where it is")
-    p.add_argument("--check", action="store_true", help="with --to: reproduce --out, compare")
-    p.add_argument("--drop", metavar="REASON", help="with --continue: drop the stopped patch")
-    p.add_argument(
-        "--line",
-        metavar="VERSION",
-        help="with --to: the series line to rebase (default: the pin's, patches/)",
-    )
-    p.add_argument("--source-patches", metavar="DIR", help="default: the --line's directory")
-    p.add_argument("--out", metavar="DIR", help="default: patches/<VERSION>")
-    p.add_argument("--lock", metavar="FILE", help="default: the project's upstream.lock")
-    p.add_argument(
-        "--force",
-        action="store_true",
-        help="let the final write replace uncommitted changes in --out",
-    )
-    p.set_defaults(
-        func=cmd_rebase,
-        on_interrupt=f"{SCRIPT} --status says where it stopped; {SCRIPT} --continue resumes it "
-        f"(a check: run it again), {SCRIPT} --abort gives it up",
-    )

@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
-from fp4series.rebase.matrix import Matrix
-from fp4series.rebase.verdict import APPLIES, CODES, PatchResult, Verdict
+from fp4series.judging.matrix import Matrix
+from fp4series.judging.verdict import APPLIES, CODES, PatchResult, Verdict
 
 
 def _cell(v: Verdict | None) -> str:

@@ -57,46 +57,15 @@ import time
 from pathlib import Path
 from typing import Any
 
+from fp4series.commands import add_patches_dir
 from fp4series.errors import SeriesError
+from fp4series.judging.matrix import run_matrix
+from fp4series.judging.policy import POLICIES, apply_policy, load_baseline, regenerate_command
+from fp4series.judging.render import to_markdown
+from fp4series.judging.repo import JudgeRepo
 from fp4series.line import add_line_option
-from fp4series.overlap import load_patch_docs
-from fp4series.rebase.matrix import Target, run_matrix
-from fp4series.rebase.policy import POLICIES, apply_policy, load_baseline, regenerate_command
-from fp4series.rebase.render import to_markdown
-from fp4series.rebase.repo import JudgeRepo
-
-
-def _materialized(dest: Path, tag: str) -> bool:
-    if not (dest / ".git").exists():
-        return False
-    proc = subprocess.run(
-        ["git", "rev-parse", "-q", "--verify", f"refs/tags/{tag}"],
-        cwd=dest,
-        capture_output=True,
-        text=True,
-    )
-    return proc.returncode == 0
-
-
-def prepare_release(lock: Any, version: str, work: Path, cache: Path) -> Target:
-    """Fetch (recording a target's sha256 into the lock on first resolve) and materialize one
-    release under ``.work/upstream/<version>``; a materialized release is reused as it is."""
-    from fp4series import lock as lock_mod
-    from fp4series import upstream
-    from fp4series.paths import remove_tree_inside
-
-    release = lock.release(version)
-    dest = work / "upstream" / version
-    tag = release.tag or f"v{version}"
-    if not _materialized(dest, tag):
-        if version != lock.pin.version and not release.sha256:
-            upstream.fetch_and_record(lock.path, version, cache)
-            lock = lock_mod.load_lock(lock.path)
-            release = lock.release(version)
-        if dest.exists():
-            remove_tree_inside(dest, work / "upstream")
-        upstream.materialize(release, dest, cache, lock=lock)
-    return Target(version, dest, tag)
+from fp4series.series import load_series
+from fp4series.upstream import Target, prepare_release
 
 
 def newer_targets(lock: Any, version: str) -> list[str]:
@@ -116,7 +85,7 @@ def cmd_rebase_check(args: argparse.Namespace) -> int:
     cache = paths.default_cache_dir()
     work = root / ".work"
     lock = line.lock
-    docs = load_patch_docs(patches_dir)
+    docs = load_series(patches_dir)
     if not docs:
         raise SeriesError(f"the series in {patches_dir} is empty", hint="add patches first")
     wanted = args.releases or newer_targets(lock, line.version)
@@ -210,6 +179,6 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         help="committed matrix for --policy baseline (default: reports/rebase-check.json)",
     )
     p.add_argument("--lock", help="upstream.lock (default: the project's)")
-    p.add_argument("--patches-dir", help="series directory (default: the project's patches/)")
+    add_patches_dir(p)
     p.add_argument("--quiet", action="store_true", help="do not echo the table")
     p.set_defaults(func=cmd_rebase_check)

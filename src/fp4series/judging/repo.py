@@ -12,6 +12,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
+from fp4series import gitops
 from fp4series.errors import SeriesError
 
 
@@ -43,21 +44,8 @@ class JudgeRepo:
         stdin: str | None = None,
         check: bool = True,
     ) -> subprocess.CompletedProcess[str]:
-        env = dict(os.environ)
-        env.pop("GIT_DIR", None)
-        env.pop("GIT_WORK_TREE", None)
-        if index is not None:
-            env["GIT_INDEX_FILE"] = str(index)
-        proc = subprocess.run(
-            ["git", *args],
-            cwd=self.path,
-            input=stdin,
-            capture_output=True,
-            text=True,
-            encoding="utf-8",
-            errors="surrogateescape",
-            env=env,
-        )
+        env = {"GIT_INDEX_FILE": str(index)} if index is not None else None
+        proc = gitops.run(self.path, *args, input=stdin, env=env)
         if check and proc.returncode != 0:
             raise SeriesError(
                 f"git {' '.join(args[:3])} failed in {self.path}: {proc.stderr.strip()}",
@@ -67,12 +55,7 @@ class JudgeRepo:
 
     def borrow(self, repo: Path) -> None:
         """Make REPO's objects reachable from here (idempotent)."""
-        common = subprocess.run(
-            ["git", "rev-parse", "--path-format=absolute", "--git-common-dir"],
-            cwd=repo,
-            capture_output=True,
-            text=True,
-        )
+        common = gitops.run(repo, "rev-parse", "--path-format=absolute", "--git-common-dir")
         if common.returncode != 0:
             raise SeriesError(f"{repo} is not a git repository", hint="materialize it again")
         objects = Path(common.stdout.strip()) / "objects"
@@ -154,7 +137,7 @@ class JudgeRepo:
             if three_way:
                 idx.unlink(missing_ok=True)
         return ApplyResult(
-            ok and not unmerged, proc.stderr, _offsets(proc.stderr), unmerged, new_tree
+            ok and not unmerged, proc.stderr, offsets(proc.stderr), unmerged, new_tree
         )
 
     def apply_to_tree(self, patch: str, tree: str, *, three_way: bool) -> str | None:
@@ -178,11 +161,12 @@ class JudgeRepo:
         todo = [b for b in dict.fromkeys(blobs) if b not in self._blobs]
         if not todo:
             return
-        proc = subprocess.run(
-            ["git", "cat-file", "--batch"],
-            cwd=self.path,
+        proc = gitops.run(
+            self.path,
+            "cat-file",
+            "--batch",
             input=("\n".join(todo) + "\n").encode(),
-            capture_output=True,
+            text=False,
             check=True,
         )
         out = proc.stdout
@@ -271,7 +255,7 @@ class ApplyResult:
     new_tree: str | None
 
 
-def _offsets(stderr: str) -> dict[str, list[int]]:
+def offsets(stderr: str) -> dict[str, list[int]]:
     """file -> hunk offsets from ``git apply -v`` output."""
     out: dict[str, list[int]] = {}
     cur = ""

@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from fp4series.rebase.symbols import (
+from fp4series.judging.symbols import (
     SymbolHit,
 )
 
