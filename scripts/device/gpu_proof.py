@@ -242,8 +242,13 @@ def run_stage(stage: stage_table.Stage, env: dict[str, str], out: Path, logs: Pa
     report_dir = env["FP4SERIES_REPORT_DIR"] = str(Path(env["FP4SERIES_REPORT_DIR"]) / stage.name)
     shutil.rmtree(report_dir, ignore_errors=True)
     Path(report_dir).mkdir(parents=True)
-    cmd = [sys.executable, *(a.replace("{report_dir}", report_dir) for a in stage.command)]
-    log(f"stage {stage.name}: {' '.join(cmd[1:])}")
+    runner = [a.replace("{report_dir}", report_dir) for a in stage.runner]
+    if runner and shutil.which(runner[0]) is None:  # a CUDA tool outside PATH
+        runner[0] = str(Path(env.get("CUDA_HOME", "/usr/local/cuda")) / "bin" / runner[0])
+    cmd = [*runner, sys.executable,
+           *(a.replace("{report_dir}", report_dir) for a in stage.command)]  # fmt: skip
+    under = f"under {Path(runner[0]).name}: " if runner else ""
+    log(f"stage {stage.name}: {under}{' '.join(cmd[len(runner) + 1 :])}")
     with (logs / f"{stage.name}.log").open("w") as fh:
         # SIGINT back to default in the child: started in the background it would be ignored
         sigint = lambda: signal.signal(signal.SIGINT, signal.SIG_DFL)  # noqa: E731

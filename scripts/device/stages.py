@@ -42,6 +42,7 @@ class Stage:
     reports: tuple[str, ...]
     modules: tuple[tuple[str, str], ...]
     env: dict[str, str] = field(default_factory=dict)
+    runner: tuple[str, ...] = ()  # a program the stage's python runs under (a profiler)
 
 
 def _modules(**variants: str) -> tuple[tuple[str, str], ...]:
@@ -53,6 +54,8 @@ NUMERICS_TESTS = ("tests/gpu/test_marlin_numerics.py", "tests/gpu/test_fused_sha
                   "tests/gpu/test_tensor_parallel.py", "tests/gpu/test_tracing.py",
                   "tests/gpu/test_kernel_repro.py::test_unpatched_templates_fail")  # fmt: skip
 MARLIN = "gptq_marlin:{0} moe_wna16_marlin:{0} repack act:{0}"
+NCU_SECTIONS = ("SpeedOfLight", "MemoryWorkloadAnalysis", "WarpStateStats", "Occupancy",
+                "LaunchStats", "SchedulerStats")  # fmt: skip
 
 STAGES: dict[str, Stage] = {
     s.name: s
@@ -101,6 +104,22 @@ STAGES: dict[str, Stage] = {
             ("bench/kernels/run_round.py", "--out", "{report_dir}"),
             ("kernels.json", "kernels.md", "dispatch.json", "build.txt"),
             _modules(patched="gptq_marlin:bf16 repack"),
+        ),
+        Stage(  # one gemv and one Marlin launch per shape under Nsight Compute (issue 23)
+            "kernels-profile",
+            ("bench/kernels/profile_m1.py", "--out", "{report_dir}"),
+            ("ncu.txt",),
+            _modules(patched="gptq_marlin:bf16 repack"),
+            runner=(
+                "ncu",
+                "--profile-from-start",
+                "off",
+                "--target-processes",
+                "all",
+                *(a for sec in NCU_SECTIONS for a in ("--section", sec)),
+                "--log-file",
+                "{report_dir}/ncu.txt",
+            ),  # fmt: skip
         ),
         Stage(
             "e2e",

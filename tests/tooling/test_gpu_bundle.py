@@ -210,3 +210,25 @@ def test_a_stage_stopped_at_the_deadline_still_delivers_its_report(tmp_path: Pat
     rc = gpu_proof.run_stage(stage, env, tmp_path / "out", logs, time.time() + 1)
     assert rc == 2
     assert sorted(p.name for p in (tmp_path / "out").iterdir()) == ["r.json"]
+
+
+def test_a_stage_runs_under_its_runner_with_the_report_dir_filled_in(tmp_path: Path) -> None:
+    """kernels-profile's shape: a program (ncu) the stage's python runs under, writing into the
+    stage's report directory; its options may name that directory too."""
+    script = tmp_path / "stage.py"
+    script.write_text(
+        "import os, sys, pathlib\npathlib.Path(sys.argv[1]).write_text(os.environ['UNDER'])\n"
+    )
+    stage = stages.Stage(
+        "s", (str(script), "{report_dir}/r.txt"), ("r.txt",), (),
+        runner=("env", "UNDER=the runner, {report_dir}"),
+    )  # fmt: skip
+    env = dict(os.environ, FP4SERIES_REPORT_DIR=str(tmp_path / "reports"))
+    logs = tmp_path / "logs"
+    logs.mkdir()
+    assert gpu_proof.run_stage(stage, env, tmp_path / "out", logs, time.time() + 30) == 0
+    report_dir = tmp_path / "reports" / "s"
+    assert (tmp_path / "out" / "r.txt").read_text() == f"the runner, {report_dir}"
+    profile = stages.STAGES["kernels-profile"]
+    assert profile.runner[0] == "ncu" and "{report_dir}/ncu.txt" in profile.runner
+    assert profile.reports == ("ncu.txt",) and profile.name not in stages.DEFAULT_STAGES
