@@ -670,6 +670,8 @@ def _provenance(report: Path) -> str:
     command = str(head.get("command") or "")
     if command and not description_problems(command)[0]:
         text += f", made by `{command}`"
+    elif command:  # this project's own tooling: not quoted, but said where the numbers come from
+        text += ", measured by a GPU harness kept outside this PR that drives these SGLang layers"
     return text
 
 
@@ -700,8 +702,15 @@ def _report_list(report: Path, key: str, what: str) -> list[Any] | str:
         return f"The GPU {what} report could not be read ({exc}); no numbers quoted."
 
 
-def numerics_evidence(unit: Unit, report: Path) -> list[str]:
-    """Lines for Accuracy Tests from reports/h200/numerics.json (``cases`` with ``rel_l2``)."""
+TURING_PTX = (
+    "the same check with the Marlin kernels built as compute_75 PTX only (the Turing SM75 code "
+    "path, JIT-compiled by the driver)"
+)
+
+
+def numerics_evidence(unit: Unit, report: Path, *, what: str = "") -> list[str]:
+    """Lines for Accuracy Tests from reports/h200/numerics.json (``cases`` with ``rel_l2``);
+    WHAT names another run of the same check (turing_ptx.json: TURING_PTX)."""
     cases = _report_list(report, "cases", "numerics")
     if isinstance(cases, str):
         return [cases]
@@ -711,10 +720,12 @@ def numerics_evidence(unit: Unit, report: Path) -> list[str]:
     if not picked:
         return [f"The GPU accuracy run has no case for these layers ({', '.join(sorted(wanted))})."]
     out = [
-        f"GPU accuracy, {_provenance(report)}: relative L2 error of the layer output "
+        f"GPU accuracy{', ' + what if what else ''}, {_provenance(report)}: relative L2 error "
+        "of the layer output "
         "against an fp32 reference computed from the same FP4 weights and scales, layers "
-        f"{', '.join(sorted(wanted))} (templates: `patched` is with this change, the others "
-        "without it):",
+        f"{', '.join(sorted(wanted))} (templates: `patched` is the release with this change and "
+        "the related NVFP4 Marlin changes it is sent with, the others the release without "
+        "them):",
         "",
         "| path | templates | cases | max rel_l2 | worst case |",
         "|---|---|---|---|---|",
@@ -733,6 +744,18 @@ def numerics_evidence(unit: Unit, report: Path) -> list[str]:
     return out
 
 
+KERNEL_SOURCE = re.compile(r"(\.(cu|cuh|h|hpp|cc|cpp|c)$|(^|/)(csrc|jit_kernel|kernels/jit)/)")
+NO_KERNEL_CHANGE = (
+    "No speed changes: this change touches no kernel source (CUDA/C++), so the kernels run "
+    "as before and no kernel benchmark was run."
+)
+
+
+def changes_kernels(unit: Unit) -> bool:
+    """Whether the unit edits kernel sources (CUDA/C++, SGLang's JIT kernel trees)."""
+    return any(KERNEL_SOURCE.search(f) for m in unit.members for f in m.files)
+
+
 def bench_evidence(unit: Unit, report: Path) -> list[str]:
     """Lines for Benchmarking from reports/h200/bench.json ``rows`` (times in microseconds)."""
     touches_speed = any("marlin" in f or "fp4" in f for m in unit.members for f in m.files) or any(
@@ -743,6 +766,9 @@ def bench_evidence(unit: Unit, report: Path) -> list[str]:
             "Not applicable: this change does not touch a kernel or a GEMM path; no speed "
             "impact expected."
         ]
+    declared = any(t.startswith("bench:") for m in unit.members for t in m.tests())
+    if not declared and not changes_kernels(unit):
+        return [NO_KERNEL_CHANGE]
     rows = _report_list(report, "rows", "benchmark")
     if isinstance(rows, str):
         return [rows]
@@ -866,6 +892,26 @@ def pr_title(unit: Unit) -> str:
     )
 
 
+_DEP_WORDS = (
+    (re.compile(r"^declared in Depends-On$"), "uses what it adds"),
+    (re.compile(r"^edits lines it wrote in (\S+)$"), r"changes lines it adds in `\1`"),
+    (re.compile(r"^context lines it wrote in (\S+)$"), r"edits next to lines it adds in `\1`"),
+)
+
+
+def _dep_reason(reason: str, own_stems: Sequence[str]) -> str:
+    """A dependency reason (fp4series.overlap's, prefixed with the member's stem) in words for
+    upstream: no trailer names, no stems."""
+    for stem in own_stems:
+        if reason.startswith(stem + " "):
+            reason = reason[len(stem) + 1 :]
+            break
+    for pattern, words in _DEP_WORDS:
+        if pattern.match(reason):
+            return pattern.sub(words, reason)
+    return reason
+
+
 def _test_command(result: SplitResult, tests: Sequence[str]) -> str:
     return "python3 -m pytest -q " + " ".join(result.test_ids or tests)
 
@@ -887,10 +933,16 @@ def pr_description(result: SplitResult, *, reports_dir: Path) -> str:
         lines += [f"- {_link(r)}" + (f": {RELATED_WORK[r]}" if r in RELATED_WORK else "")
                   for r in related] + [""]  # fmt: skip
     if result.dep_units:
-        lines += ["Builds on (merge first; this branch carries their commits until they land):", ""]
+        lines += ["Depends on (merge those first; until they land this branch also carries "
+                  "their commits):", ""]  # fmt: skip
+        own = [m.stem for m in unit.members]
         for d in result.dep_units:
-            why = "; ".join(result.dep_reasons.get(d, []))
-            lines.append(f"- `{BRANCH_PREFIX}{d}`" + (f": {why}" if why else ""))
+            why = "; ".join(
+                dict.fromkeys(_dep_reason(r, own) for r in result.dep_reasons.get(d, []))
+            )
+            lines.append(
+                f"- depends on #<PR of `{BRANCH_PREFIX}{d}`>" + (f": {why}" if why else "")
+            )
         lines.append("")
     lines += ["## Modifications", ""]
     for m in unit.members:
@@ -919,9 +971,18 @@ def pr_description(result: SplitResult, *, reports_dir: Path) -> str:
                   f"{t.summary()}.", ""]  # fmt: skip
     numbers = numerics_evidence(unit, reports_dir / "numerics.json")
     lines += numbers + [""]
+    turing = reports_dir / "turing_ptx.json"
+    if changes_kernels(unit) and turing.is_file():
+        lines += numerics_evidence(unit, turing, what=TURING_PTX) + [""]
     lines += ["## Speed Tests and Profiling", ""]
-    lines += bench_evidence(unit, reports_dir / "bench.json") + [""]
-    has_numbers = any(ln.startswith("| ") for ln in numbers)
+    speed = bench_evidence(unit, reports_dir / "bench.json")
+    lines += speed + [""]
+    # accuracy numbers, and speed numbers unless no kernel changed (then there are none to give)
+    has_numbers = any(ln.startswith("| ") for ln in numbers) and (
+        any(ln.startswith("| ") for ln in speed)
+        or speed[0] == NO_KERNEL_CHANGE
+        or speed[0].startswith("Not applicable")
+    )
     tests_pass = bool(tests) and (result.tests is None or result.tests.ok)
     box = lambda ok: "x" if ok else " "  # noqa: E731
     lines += [

@@ -9,7 +9,7 @@
   reference, fp16 and bf16, recorded as ``templates: upstream`` beside the line's cases. Its
   dense layers with a bias as large as the output must fail (rel L2 >= 0.5: the bias is added
   in Marlin's permuted order, the line's patch 1); its fused shards with their own global
-  scales are recorded as served or refused (the line's patch 5), not gated.
+  scales are recorded as served or refused (the line's patch 6), not gated.
 * Turing: the patched templates built as compute_75 PTX only, run on this GPU through the
   driver's PTX JIT (``__CUDA_ARCH__ == 750``), fp16, dense and MoE, within 1e-2; written to
   turing_ptx.json. "not run" (with the reason) when the series does not enable SM75.

@@ -621,6 +621,43 @@ def test_check_reproduces_the_committed_line_and_fails_on_an_edit(
     assert out.count("differs:") == 1, out
 
 
+def test_one_source_patch_split_into_two_line_patches_is_replayed(
+    lined: Project, tmp_path: Path
+) -> None:
+    """A line may carry one source patch as several single-purpose patches, each with the same
+    Rebased-From: the rerun replays them in order and --check reproduces the split line."""
+    p = copy_project(lined, tmp_path)
+    work = tmp_path / "split"
+    fakepin.git(tmp_path, "clone", "-q", str(p.root / ".work" / "upstream" / V), str(work))
+    fakepin.git(work, "checkout", "-q", "-b", "line", f"v{V}")
+    for name in LINE:
+        fakepin.git(work, "am", "-q", "--keep-cr", "--keep-non-patch", str(p.out / name))
+    # the clean change (last line patch) becomes two: b.py, then a second change of a.py
+    message = fakepin.git(work, "log", "-1", "--format=%B")
+    fakepin.edit(work, "python/sglang/srt/a.py", "value_3 = 3\n", "value_3 = 30\n")
+    fakepin.git(work, "add", "-A")
+    second = message.replace("[Quant] Clean change", "[Quant] Clean change, second part", 1)
+    env = {"GIT_AUTHOR_NAME": "Patch Author", "GIT_AUTHOR_EMAIL": "author@example.com"}
+    fakepin.git(work, "commit", "-q", "-m", second, env={**fakepin.IDENTITY, **env})
+    with in_project(p.root, p.cache):
+        lock = load_lock(p.root / "upstream.lock")
+        export.export_series(work, p.out, base=f"v{V}", lock=lock, progress=quiet())
+    split = [*LINE, "0007-clean-change-second-part.patch"]
+    assert read_series_names(p.out) == split
+    pid = stable_patch_id((p.root / "patches" / SOURCE[6]).read_text())
+    for name in split[-2:]:
+        assert f"\nRebased-From: {SOURCE[6]} {pid}\n" in (p.out / name).read_text()
+    fakepin.git(p.root, "add", "-A")
+    fakepin.git(p.root, "commit", "-qm", "split", env=fakepin.IDENTITY)
+    rc, out = p.rebase("--to", V, "--check")
+    assert rc == 0, out
+    assert f"reproduces patches/{V} byte for byte (9 files)" in out
+    rc, out = p.rebase("--to", V)
+    assert rc == 0, out
+    assert f"{SOURCE[6]} -> {split[-2]}, {split[-1]}" in out
+    assert p.project_status() == ""
+
+
 def test_stale_record_and_uncarried_line_patch_are_said(lined: Project, tmp_path: Path) -> None:
     p = copy_project(lined, tmp_path)
     fakepin.edit(p.root / "patches", SOURCE[4], "+c_10 = 100\n", "+c_10 = 101\n")
