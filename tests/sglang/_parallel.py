@@ -6,8 +6,8 @@ dispatcher through ``get_moe_*``; the linear layers take ``tp_rank`` / ``tp_size
 no process group, so ``use_ranks`` answers those questions for one rank and publishes a real
 ``ServerArgs`` (with the backends given) as the server would, then resolves the FP4 GEMM and
 MoE runner backends from it with SGLang's own ``initialize_*_config``. Everything is undone by
-the ``monkeypatch`` passed in. Used by the CPU tests (tests/sglang/conftest.py) and the GPU
-tensor-parallel test (tests/gpu/test_tensor_parallel.py).
+the ``monkeypatch`` passed in. Used by the CPU tests' ``parallel_ranks`` fixture and by the GPU
+tensor-parallel test.
 """
 
 from __future__ import annotations

@@ -63,13 +63,13 @@ LINES = {
     "0.5.11": Line(
         "0.5.11",
         kernel="0.4.2",
-        kernel_variable="FP4SERIES_SGL_KERNEL_WHEEL",
+        kernel_variable="SGL_KERNEL_SCALAR_TYPE_WHEEL",
         matrix="test_capability_matrix.py",
     ),
     "0.5.23": Line(
         "0.5.23",
         kernel="0.4.10",
-        kernel_variable="FP4SERIES_SGL_KERNEL_0523_WHEEL",
+        kernel_variable="SGL_KERNEL_0523_SCALAR_TYPE_WHEEL",
         matrix="test_capability_matrix_0523.py",
         runtime_context=True,
         # several modules import CUDA-only packages at import time when is_cuda() is true
@@ -168,7 +168,7 @@ def check_sglang_version(line: Line) -> None:
         raise pytest.UsageError(
             f"tests/sglang-{line.version} run against SGLang {line.version}, found "
             f"{__version__}: set PYTHONPATH=<checkout of the {line.version} line>/python "
-            f"and use .work/lines/{line.version}/venv"
+            f"and use a virtual environment with SGLang {line.version}'s requirements"
         )
 
 

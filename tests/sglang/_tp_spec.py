@@ -10,13 +10,13 @@ decoder layer, so no dense MLP.
 The per-rank split is tensor parallelism as SGLang's parallel layers do it (column layers split
 their outputs, row layers their inputs, KV heads are replicated once the TP size exceeds their
 count); the Marlin rule is the kernel's tile set: K % 64 == 0 and N % 128 == 0, or K % 128 == 0
-and N % 64 == 0 (the thread tiles 128x128, 64x128 and 128x64). What the series must do per
+and N % 64 == 0 (the thread tiles 128x128, 64x128 and 128x64). What the layers must do per
 layer: serve it, zero-pad it once at load to the smallest tile shape (dense: K first, it costs
 an activation copy per call; MoE: the expert intermediate, exact since silu(0) * 0 = 0), or
 refuse it with upstream's own message where no padding helps (a head count TP does not divide).
 
-Pure Python: tests/sglang/test_tensor_parallel.py asserts it against SGLang's real layers and
-``python -m fp4series readme`` renders the README's tensor-parallel table from it.
+Pure Python: test_tensor_parallel.py beside it asserts it against SGLang's real layers and
+The README's tensor-parallel table is rendered from it.
 """
 
 from __future__ import annotations
@@ -169,7 +169,7 @@ def _dense(model: Model, layer: str, tp: int, shards: tuple[int, ...], n: int, k
 
 
 def layer_cell(model: Model, layer: str, tp: int) -> LayerCell:
-    """What the series must do with LAYER of MODEL at tensor-parallel size TP."""
+    """What the layers must do with LAYER of MODEL at tensor-parallel size TP."""
     hd, h = model.head_dim, model.hidden
     if layer == "qkv":
         if model.heads % tp:

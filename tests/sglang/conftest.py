@@ -32,7 +32,7 @@ _sglang_cpu.conftest(globals(), _sglang_cpu.LINES["0.5.11"], check_version=False
 def parallel_ranks(cuda_device, monkeypatch):
     """``parallel_ranks(tp_rank, tp_size, ep_size=1, **server_args)``: SGLang sees that rank.
 
-    Mocks only the parallel state (rank, group sizes: tests/sglang/_parallel.py) and publishes
+    Mocks only the parallel state (rank, group sizes: _parallel.py beside this file) and publishes
     a real ``ServerArgs`` with the given backends; call it again for the next rank.
     """
     here = str(Path(__file__).parent)

@@ -18,7 +18,7 @@ message. MoE cells build 2 of the model's experts: every expert has the same sha
 count only matters under expert parallelism (tested here at EP 2 and 4 on small shapes,
 where the expert map must reach ``fused_marlin_moe``).
 
-``FP4SERIES_TP_TABLE=PATH`` writes what the series did per cell (outcome, shapes handed to the
+``TP_TABLE_OUT=PATH`` writes what the layers did per cell (outcome, shapes handed to the
 kernel, what ``apply`` copies per call because of padding, error) as a Markdown table, whether
 or not it is what the spec wants; the per-call copies are recorded there, not asserted.
 """
@@ -174,7 +174,7 @@ def expected_dense(cell: spec.LayerCell, rank: int, ckpt: dict[Any, Projection])
 
 @dataclass
 class Observed:
-    """What the series did with one cell (processed rank)."""
+    """What the layers did with one cell (processed rank)."""
 
     outcome: str = "?"
     kernel: list[tuple[str, int, int]] = field(default_factory=list)  # (gemm, N, K) repacked
@@ -480,7 +480,7 @@ def _kernel_text(obs: Observed) -> str:
 
 
 def write_table(path: Path) -> None:
-    """What the series did per cell, beside what the spec wants (FP4SERIES_TP_TABLE)."""
+    """What the layers did per cell, beside what the spec wants (TP_TABLE_OUT)."""
     lines = [
         "| model | tp | layer | format | wanted | observed | kernel N x K (repack) | "
         "per-call copies | error |",
@@ -517,8 +517,8 @@ def write_table(path: Path) -> None:
 
 @pytest.fixture(scope="module", autouse=True)
 def _write_table_at_end():
-    """FP4SERIES_TP_TABLE=PATH: the table of what this run observed, once the module is done."""
+    """TP_TABLE_OUT=PATH: the table of what this run observed, once the module is done."""
     yield
-    target = os.environ.get("FP4SERIES_TP_TABLE")
+    target = os.environ.get("TP_TABLE_OUT")
     if target and OBSERVED:
         write_table(Path(target))
