@@ -57,13 +57,6 @@ from test_marlin_numerics import (  # noqa: E402
 MS = (1, 33)
 GPU_EXPERTS = 32  # of Qwen3-30B-A3B's 128 (every expert has the same shape)
 FORMATS = {"modelopt": ("modelopt-dense", "modelopt-moe"), "ct": ("ct-dense", "ct-moe")}
-PREFIX = {
-    "qkv": "model.layers.0.self_attn.qkv_proj",
-    "o": "model.layers.0.self_attn.o_proj",
-    "gate_up": "model.layers.0.mlp.gate_up_proj",
-    "down": "model.layers.0.mlp.down_proj",
-    "experts": "model.layers.0.mlp.experts",
-}
 
 
 @dataclass(frozen=True)
@@ -141,7 +134,7 @@ def _build_dense(case: Case, fmt: str, rank: int, dtype: torch.dtype):
     common = dict(
         params_dtype=dtype,
         quant_config=_quant_config(fmt),
-        prefix=PREFIX[case.layer],
+        prefix=spec.PREFIX[case.layer],
         tp_rank=rank,
         tp_size=case.size,
     )
@@ -256,7 +249,7 @@ def run_moe(case: Case, fmt: str, dtype: torch.dtype, monkeypatch) -> tuple[list
                 top_k=m.top_k,
                 params_dtype=dtype,
                 quant_config=_quant_config(fmt),
-                prefix=PREFIX["experts"],
+                prefix=spec.PREFIX["experts"],
             )
         for x in range(e):
             g = (g1[x].item(), g1[x].item(), g2[x].item())
@@ -268,7 +261,7 @@ def run_moe(case: Case, fmt: str, dtype: torch.dtype, monkeypatch) -> tuple[list
                 )
             ):
                 proj = Projection(packed, scales, g[i], 0.0123)
-                load_expert(layer, fmt, PREFIX["experts"], x, shard, proj)
+                load_expert(layer, fmt, spec.PREFIX["experts"], x, shard, proj)
         layer.quant_method.process_weights_after_loading(layer)
         _expect_marlin(layer, f"{case.name} {fmt} rank {rank}")
         for mm, (x_tok, logits) in tokens.items():

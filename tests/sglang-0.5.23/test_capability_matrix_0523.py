@@ -32,7 +32,13 @@ from dataclasses import dataclass
 import pytest
 import torch
 from _sglang_cpu import ALL_CHECKPOINTS as CHECKPOINTS
-from _sglang_cpu import MarlinStubs, loader_capability_check, quant_config
+from _sglang_cpu import (
+    MarlinStubs,
+    create_moe_weights,
+    loader_capability_check,
+    moe_layer,
+    quant_config,
+)
 
 CAPABILITIES = [(7, 0), (7, 5), (8, 0), (8, 6), (8, 9), (9, 0), (10, 0), (10, 3), (12, 0), (12, 1)]
 FP4_BACKENDS = [
@@ -158,35 +164,7 @@ def expected_cell(cap, ckpt: str, backend: str, dtype, turing: bool) -> Expected
 # Driving SGLang
 # --------------------------------------------------------------------------
 
-HIDDEN, INTER, EXPERTS = 256, 128, 8
-
-
-def _moe_layer(dtype: torch.dtype):
-    """A FusedMoE instance without its parallel-group set-up (the CPU has none)."""
-    from sglang.srt.layers.moe import MoeRunnerConfig
-    from sglang.srt.layers.moe.fused_moe_triton import FusedMoE
-
-    layer = FusedMoE.__new__(FusedMoE)
-    torch.nn.Module.__init__(layer)
-    layer.num_experts = layer.num_local_experts = EXPERTS
-    layer.hidden_size = HIDDEN
-    layer.intermediate_size_per_partition = INTER
-    layer.moe_ep_rank, layer.moe_ep_size, layer.moe_tp_size = 0, 1, 1
-    layer.top_k = 2
-    layer.layer_id = 0
-    layer.use_flashinfer_trtllm_moe = False
-    layer.moe_runner_config = MoeRunnerConfig(
-        num_experts=EXPERTS,
-        num_local_experts=EXPERTS,
-        hidden_size=HIDDEN,
-        intermediate_size_per_partition=INTER,
-        layer_id=0,
-        top_k=2,
-        params_dtype=dtype,
-        activation="silu",
-        is_gated=True,
-    )
-    return layer
+HIDDEN, INTER = 256, 128
 
 
 def _build(ckpt, dtype, create_weights: bool):
@@ -209,21 +187,13 @@ def _build(ckpt, dtype, create_weights: bool):
             prefix=ckpt.prefix,
         )
         return layer, layer.quant_method
-    layer = _moe_layer(dtype)
+    layer = moe_layer(dtype)
     method = config.get_quant_method(layer, prefix=ckpt.prefix)
     assert method is not None, "the MoE layer was treated as excluded"
     layer.quant_method = method
     layer.params_dtype = dtype
     if create_weights:
-        method.create_weights(
-            layer,
-            num_experts=EXPERTS,
-            hidden_size=HIDDEN,
-            intermediate_size_per_partition=INTER,
-            params_dtype=dtype,
-            weight_loader=lambda *args, **kwargs: None,
-            intermediate_size_full=INTER,
-        )
+        create_moe_weights(layer, method, dtype)
     return layer, method
 
 

@@ -19,11 +19,16 @@ import importlib
 
 import pytest
 import torch
-from _sglang_cpu import ALL_CHECKPOINTS, loader_capability_check, quant_config
+from _sglang_cpu import (
+    ALL_CHECKPOINTS,
+    create_moe_weights,
+    loader_capability_check,
+    moe_layer,
+    quant_config,
+)
 
 MARLIN_FP4 = "sglang.srt.layers.quantization.marlin_utils_fp4"
 DTYPES = {"fp16": torch.float16, "bf16": torch.bfloat16}
-HIDDEN, INTER, EXPERTS = 256, 128, 8
 
 
 def _turing() -> bool:
@@ -37,35 +42,6 @@ def _refusal(cap: tuple[int, int], dtype: torch.dtype) -> str | None:
     if cap == (7, 5) and _turing():
         return "--dtype float16" if dtype == torch.bfloat16 else None
     return f"needs compute capability {'7.5' if _turing() else '8.0'} or newer"
-
-
-def _moe_layer(dtype: torch.dtype):
-    """A FusedMoE instance without its parallel-group set-up (the CPU has none)."""
-    from sglang.srt.layers.moe import MoeRunnerConfig
-    from sglang.srt.layers.moe.fused_moe_triton import FusedMoE
-
-    layer = FusedMoE.__new__(FusedMoE)
-    torch.nn.Module.__init__(layer)
-    layer.num_experts = layer.num_local_experts = EXPERTS
-    layer.hidden_size = HIDDEN
-    layer.intermediate_size_per_partition = INTER
-    layer.moe_ep_rank, layer.moe_ep_size, layer.moe_tp_size = 0, 1, 1
-    layer.top_k = 2
-    layer.layer_id = 0
-    layer.use_flashinfer_trtllm_moe = False
-    layer.params_dtype = dtype
-    layer.moe_runner_config = MoeRunnerConfig(
-        num_experts=EXPERTS,
-        num_local_experts=EXPERTS,
-        hidden_size=HIDDEN,
-        intermediate_size_per_partition=INTER,
-        layer_id=0,
-        top_k=2,
-        params_dtype=dtype,
-        activation="silu",
-        is_gated=True,
-    )
-    return layer
 
 
 @pytest.mark.parametrize("moe_backend", ["auto", "marlin", "flashinfer_cutlass"])
@@ -82,29 +58,17 @@ def test_ct_nvfp4_moe_refuses_what_marlin_cannot_serve(
     with published(moe_runner_backend=moe_backend):
         config = quant_config(ckpt)
         loader_capability_check(config, ckpt.quantization)  # passes: the config allows SM70
-        layer = _moe_layer(dtype)
+        layer = moe_layer(dtype)
         method = config.get_quant_method(layer, prefix=ckpt.prefix)
         layer.quant_method = method
         assert type(layer.scheme).__name__ == "CompressedTensorsW4A16Nvfp4MoE"
-
-        def create() -> None:
-            method.create_weights(
-                layer,
-                num_experts=EXPERTS,
-                hidden_size=HIDDEN,
-                intermediate_size_per_partition=INTER,
-                params_dtype=dtype,
-                weight_loader=lambda *args, **kwargs: None,
-                intermediate_size_full=INTER,
-            )
-
         expected = _refusal(cuda_device.capability, dtype)
         if expected is None:
-            create()
+            create_moe_weights(layer, method, dtype)
             assert layer.w13_weight_packed.dtype == torch.uint8
         else:
             with pytest.raises(ValueError, match=expected.replace(".", r"\.")) as info:
-                create()
+                create_moe_weights(layer, method, dtype)
             assert "NVFP4 Marlin" in str(info.value)
             assert not hasattr(layer, "w13_weight_packed"), "weights were created first"
 

@@ -450,6 +450,53 @@ def load_shards(
     return torch.cat(blocks)
 
 
+def moe_layer(dtype: torch.dtype, *, experts: int = 8, hidden: int = 256, inter: int = 128):
+    """A FusedMoE instance without its parallel-group set-up (the CPU has none), top-2.
+
+    It carries what FusedMoE.__init__ sets before it asks the quant config for a method: the
+    sizes, EP rank and size, the runner config (gated SiLU, as in Qwen3-MoE) and the FlashInfer
+    TRT-LLM weight-order flag.
+    """
+    from sglang.srt.layers.moe import MoeRunnerConfig
+    from sglang.srt.layers.moe.fused_moe_triton import FusedMoE
+
+    layer = FusedMoE.__new__(FusedMoE)
+    torch.nn.Module.__init__(layer)
+    layer.num_experts = layer.num_local_experts = experts
+    layer.hidden_size = hidden
+    layer.intermediate_size_per_partition = inter
+    layer.moe_ep_rank, layer.moe_ep_size, layer.moe_tp_size = 0, 1, 1
+    layer.top_k = 2
+    layer.layer_id = 0
+    layer.use_flashinfer_trtllm_moe = False
+    layer.params_dtype = dtype
+    layer.moe_runner_config = MoeRunnerConfig(
+        num_experts=experts,
+        num_local_experts=experts,
+        hidden_size=hidden,
+        intermediate_size_per_partition=inter,
+        layer_id=0,
+        top_k=2,
+        params_dtype=dtype,
+        activation="silu",
+        is_gated=True,
+    )
+    return layer
+
+
+def create_moe_weights(layer, method, dtype: torch.dtype) -> None:
+    """METHOD's ``create_weights`` for a ``moe_layer``'s sizes; nothing is loaded."""
+    method.create_weights(
+        layer,
+        num_experts=layer.num_experts,
+        hidden_size=layer.hidden_size,
+        intermediate_size_per_partition=layer.intermediate_size_per_partition,
+        params_dtype=dtype,
+        weight_loader=lambda *args, **kwargs: None,
+        intermediate_size_full=layer.intermediate_size_per_partition,
+    )
+
+
 # ---------------------------------------------------------------------- the Marlin kernels
 
 

@@ -85,6 +85,14 @@ MODELS: tuple[Model, ...] = (
 )
 MODEL_BY_NAME = {m.name: m for m in MODELS}
 TP_SIZES = (1, 2, 4, 8)
+# the checkpoint prefix of each layer kind (layer 0 of a Llama / Qwen model)
+PREFIX = {
+    "qkv": "model.layers.0.self_attn.qkv_proj",
+    "o": "model.layers.0.self_attn.o_proj",
+    "gate_up": "model.layers.0.mlp.gate_up_proj",
+    "down": "model.layers.0.mlp.down_proj",
+    "experts": "model.layers.0.mlp.experts",
+}
 GROUP = 16  # NVFP4 block size along K
 
 

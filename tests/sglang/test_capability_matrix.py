@@ -31,12 +31,17 @@ from dataclasses import dataclass
 
 import pytest
 import torch
-from _sglang_cpu import CHECKPOINTS, DATA_DIR, Checkpoint  # noqa: F401 (shared with other tests)
+from _sglang_cpu import (  # noqa: F401 (CHECKPOINTS, DATA_DIR, Checkpoint: imported by other tests)
+    CHECKPOINTS,
+    DATA_DIR,
+    Checkpoint,
+    create_moe_weights,
+    moe_layer,
+)
 from _sglang_cpu import loader_capability_check as _loader_capability_check
 from _sglang_cpu import quant_config as _quant_config
 from sglang.srt.layers.linear import ReplicatedLinear
-from sglang.srt.layers.moe import MoeRunnerBackend, MoeRunnerConfig
-from sglang.srt.layers.moe.fused_moe_triton import FusedMoE
+from sglang.srt.layers.moe import MoeRunnerBackend
 from sglang.srt.layers.quantization import fp4_utils
 
 # --------------------------------------------------------------------------
@@ -210,38 +215,6 @@ def expected_cell(
 # --------------------------------------------------------------------------
 
 
-def _moe_layer(dtype: torch.dtype) -> FusedMoE:
-    """A FusedMoE instance without its parallel-group set-up (CPU has none).
-
-    Carries the attributes FusedMoE.__init__ sets before it asks the quant
-    config for a method: sizes, EP rank/size, the runner config (gated SiLU,
-    as in Qwen3-MoE) and the FlashInfer TRT-LLM weight-order flag.
-    """
-    layer = FusedMoE.__new__(FusedMoE)
-    torch.nn.Module.__init__(layer)
-    layer.num_experts = 8
-    layer.num_local_experts = 8
-    layer.hidden_size = 256
-    layer.intermediate_size_per_partition = 128
-    layer.moe_ep_rank = 0
-    layer.moe_ep_size = 1
-    layer.moe_tp_size = 1
-    layer.top_k = 2
-    layer.use_flashinfer_trtllm_moe = False
-    layer.moe_runner_config = MoeRunnerConfig(
-        num_experts=8,
-        num_local_experts=8,
-        hidden_size=256,
-        intermediate_size_per_partition=128,
-        layer_id=0,
-        top_k=2,
-        params_dtype=dtype,
-        activation="silu",
-        is_gated=True,
-    )
-    return layer
-
-
 # The native ModelOpt NVFP4 MoE method swizzles block scales on the GPU inside
 # create_weights; on the CPU machine those cells stop at method selection.
 CREATE_WEIGHTS_NEEDS_CUDA = {("modelopt-moe", False)}
@@ -259,21 +232,13 @@ def _build(quant_config, ckpt: Checkpoint, dtype: torch.dtype, create_weights: b
             prefix=ckpt.prefix,
         )
         return layer, layer.quant_method
-    layer = _moe_layer(dtype)
+    layer = moe_layer(dtype)
     method = quant_config.get_quant_method(layer, prefix=ckpt.prefix)
     assert method is not None, "the MoE layer was treated as excluded"
     layer.params_dtype = dtype
     if not create_weights:
         return layer, method
-    method.create_weights(
-        layer,
-        num_experts=layer.num_experts,
-        hidden_size=layer.hidden_size,
-        intermediate_size_per_partition=layer.intermediate_size_per_partition,
-        params_dtype=dtype,
-        weight_loader=lambda *args, **kwargs: None,
-        intermediate_size_full=layer.intermediate_size_per_partition,
-    )
+    create_moe_weights(layer, method, dtype)
     return layer, method
 
 

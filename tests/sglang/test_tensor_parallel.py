@@ -59,13 +59,6 @@ from test_capability_matrix import CHECKPOINTS, _quant_config  # noqa: E402
 DTYPE = torch.bfloat16
 M = 3  # tokens per apply
 CPU_EXPERTS = 2
-PREFIX = {
-    "qkv": "model.layers.0.self_attn.qkv_proj",
-    "o": "model.layers.0.self_attn.o_proj",
-    "gate_up": "model.layers.0.mlp.gate_up_proj",
-    "down": "model.layers.0.mlp.down_proj",
-    "experts": "model.layers.0.mlp.experts",
-}
 # Global multipliers (powers of two). A dense layer's shards share one, as most exporters
 # write them, so what apply copies per call is due to padding alone (shards with their own
 # scales: test_prefused_scales.py); w1, w3 and w2 of an expert differ.
@@ -196,7 +189,7 @@ def build_dense(cell: spec.LayerCell, fmt: str, rank: int):
     common = dict(
         params_dtype=DTYPE,
         quant_config=quant_config(fmt, False),
-        prefix=PREFIX[cell.layer],
+        prefix=spec.PREFIX[cell.layer],
         tp_rank=rank,
         tp_size=cell.tp,
     )
@@ -283,11 +276,11 @@ def check_experts_rank(
         top_k=top_k,
         params_dtype=DTYPE,
         quant_config=quant_config(fmt, True),
-        prefix=PREFIX["experts"],
+        prefix=spec.PREFIX["experts"],
     )
     ckpt = expert_checkpoint(m.name)
     for (e, shard), proj in ckpt.items():
-        load_expert(layer, fmt, PREFIX["experts"], e, shard, proj)
+        load_expert(layer, fmt, spec.PREFIX["experts"], e, shard, proj)
     weight_name = NAMES[fmt][0]
     inter, h = cell.n, m.hidden
     w13, w2 = getattr(layer, f"w13_{weight_name}").data, getattr(layer, f"w2_{weight_name}").data
@@ -397,14 +390,14 @@ def _build_ep_rank(fmt: str, ep: int, rank: int, parallel_ranks) -> tuple[FusedM
         top_k=EP["top_k"],
         params_dtype=DTYPE,
         quant_config=quant_config(fmt, True),
-        prefix=PREFIX["experts"],
+        prefix=spec.PREFIX["experts"],
     )
     ckpt = {}
     for e in range(EP["experts"]):
         for i, shard in enumerate(("w1", "w3", "w2")):
             rows, k = (EP["hidden"], EP["inter"]) if shard == "w2" else (EP["inter"], EP["hidden"])
             ckpt[(e, shard)] = Projection.make(rows, k, 100 + 3 * e + i, MULTIPLIERS[i])
-            load_expert(layer, fmt, PREFIX["experts"], e, shard, ckpt[(e, shard)])
+            load_expert(layer, fmt, spec.PREFIX["experts"], e, shard, ckpt[(e, shard)])
     return layer, ckpt
 
 
