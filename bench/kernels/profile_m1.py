@@ -8,6 +8,7 @@ with ``--profile-from-start off`` sees exactly one gemv and one Marlin launch pe
 
     ncu --profile-from-start off --section SpeedOfLight --section MemoryWorkloadAnalysis \\
         --section WarpStateStats --section Occupancy --section LaunchStats \\
+        --section SchedulerStats --section SourceCounters --section InstructionStats \\
         python bench/kernels/profile_m1.py --out DIR [--shapes qkv_70b,o_8b] [--m 1]
 
 Run where run_round.py runs (``scripts/gpu-proof.sh --stages kernels-profile`` sets that up and

@@ -54,8 +54,10 @@ NUMERICS_TESTS = ("tests/gpu/test_marlin_numerics.py", "tests/gpu/test_fused_sha
                   "tests/gpu/test_tensor_parallel.py", "tests/gpu/test_tracing.py",
                   "tests/gpu/test_kernel_repro.py::test_unpatched_templates_fail")  # fmt: skip
 MARLIN = "gptq_marlin:{0} moe_wna16_marlin:{0} repack act:{0}"
+# SourceCounters: where a kernel's warps stall (sampled, by instruction; the modules are built
+# with -lineinfo); InstructionStats: the instruction mix (integer unpack against mma).
 NCU_SECTIONS = ("SpeedOfLight", "MemoryWorkloadAnalysis", "WarpStateStats", "Occupancy",
-                "LaunchStats", "SchedulerStats")  # fmt: skip
+                "LaunchStats", "SchedulerStats", "SourceCounters", "InstructionStats")  # fmt: skip
 
 STAGES: dict[str, Stage] = {
     s.name: s
