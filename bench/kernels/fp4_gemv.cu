@@ -15,6 +15,7 @@
 // * Split-K over blocks (gridDim.y): fp32 partials in a workspace, the last block of an
 //   n-group (atomic counter, reset by that block) sums them in split order (deterministic).
 // * Epilogue: out = acc * g * col_scale[n] + bias[n] in fp32, rounded once to the act dtype.
+// FP4 pairs: bf16 with one multiply per pair (fp4_pairs), fp16 with shifts (fp4_pair).
 // Block scales decode exactly (fp16: half(s*2^7) as Marlin; bf16: the byte's E5M3 placed in a
 // bf16 exponent and multiplied by 2^127, valid for every scale byte, also those Marlin's bf16
 // decode reads 2^-112 too small). SM80+ (mma.sync bf16, cp.async, ldmatrix).
@@ -73,9 +74,9 @@ __device__ __forceinline__ void cp_async_wait() {
 
 // The B fragment (k 16 x 8 rows m) of mma.m16n8k16 from row-major [m][k] shared memory:
 // matrices 0 and 1 are k 0..7 and 8..15 of the 8 rows; lanes 0..15 give the row addresses.
-__device__ __forceinline__ uint2 ldmatrix_x2(const void* smem_row) {
+// `a` is a shared-window address (converted once per kernel, not per tile).
+__device__ __forceinline__ uint2 ldmatrix_x2(uint32_t a) {
   uint2 r;
-  const uint32_t a = static_cast<uint32_t>(__cvta_generic_to_shared(smem_row));
   asm volatile("ldmatrix.sync.aligned.m8n8.x2.shared.b16 {%0,%1}, [%2];\n" : "=r"(r.x), "=r"(r.y) : "r"(a));
   return r;
 }
@@ -86,6 +87,28 @@ template <bool kBf16>
 __device__ __forceinline__ uint32_t fp4_pair(uint32_t v) {
   constexpr int kShift = kBf16 ? 6 : 3;
   return (v & 0x80008000u) | ((v >> kShift) & (0x70007000u >> kShift));
+}
+
+// The four A-operand pairs of one weight word in mma register order: nibbles (0, 4), (2, 6),
+// (1, 5), (3, 7), with fp4_pair's values. bf16: one multiply writes a nibble twice, 12 bits up
+// (its sign lands on bit 15) and 6 bits up (its magnitude on bits 6..8); the two copies do not
+// overlap, so nothing carries, and a mask keeps those four bits. A pair costs and, multiply and
+// and, where fp4_pair of a shifted word costs two shifts and two logic ops.
+template <bool kBf16>
+__device__ __forceinline__ void fp4_pairs(uint32_t q, uint32_t (&a)[4]) {
+  if constexpr (kBf16) {
+    constexpr uint32_t kKeep = 0x81C081C0u;  // sign and magnitude bits of both halves
+    const uint32_t q8 = q >> 8;              // nibbles 2, 3 (6, 7) down to where 0, 1 are
+    a[0] = ((q & 0x000F000Fu) * 0x1040u) & kKeep;  // a nibble at bit 0: copies at +12 and +6
+    a[1] = ((q8 & 0x000F000Fu) * 0x1040u) & kKeep;
+    a[2] = ((q & 0x00F000F0u) * 0x0104u) & kKeep;  // a nibble at bit 4: copies at +8 and +2
+    a[3] = ((q8 & 0x00F000F0u) * 0x0104u) & kKeep;
+  } else {  // fp16 puts the magnitude 3 bits below the sign's shift: the copies would overlap
+    a[0] = fp4_pair<false>(q << 12);
+    a[1] = fp4_pair<false>(q << 4);
+    a[2] = fp4_pair<false>(q << 8);
+    a[3] = fp4_pair<false>(q);
+  }
 }
 
 // Scale bytes 0 and 2 (odd = false) or 1 and 3 (odd = true) of a word -> 16-bit pair
@@ -132,13 +155,13 @@ __device__ __forceinline__ uint32_t bcast(uint32_t v, bool hi) {
 template <bool kBf16>
 __device__ __forceinline__ void mma16816(float* c, const uint32_t* a, uint32_t b0, uint32_t b1) {
   if constexpr (kBf16) {
-    asm volatile(
+    asm(
         "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
         "{%0,%1,%2,%3};\n"
         : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
         : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
   } else {
-    asm volatile(
+    asm(
         "mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
         "{%0,%1,%2,%3};\n"
         : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
@@ -241,14 +264,47 @@ __global__ void __launch_bounds__(kThreads, MT <= 2 ? 2 : 1) fp4_gemv_kernel(con
     }
     cp_async_commit();
   };
-  // ldmatrix row address of this lane (rows g of m-block 0; lanes 8..15: k + 8)
-  const int lm_row = lane % 8, lm_koff = ((lane / 8) % 2) * 8;
-  int i = 0;  // the warp's k-tile counter
-  // Next refill: the warp's k-tile i + U, by running pointers (no 64-bit multiply per tile).
+  // ldmatrix row address of this lane (rows g of m-block 0; lanes 8..15: k + 8) as a
+  // shared-window byte address, converted once here rather than per tile.
+  const uint32_t lm_base = static_cast<uint32_t>(__cvta_generic_to_shared(smem)) +
+                           2u * ((lane % 8) * S::kXRow + ((lane / 8) % 2) * 8);
+  // Next refill: the warp's k-tile U ahead, as 32-bit byte offsets from the tile-row-0
+  // pointers (the host refuses weights too large for them), one add each per tile.
   int kn = kt0 + warp_k + wk * U;
-  const uint4* wnext = wptr + (size_t)kn * w_row;
-  const uint8_t* snext = sptr + (size_t)kn * p.N;
-  const size_t wstep = (size_t)wk * w_row, sstep = (size_t)wk * p.N;
+  const char* wbase = reinterpret_cast<const char*>(wptr);
+  const char* sbase = reinterpret_cast<const char*>(sptr);
+  uint32_t woff = (uint32_t)kn * (uint32_t)p.N * 8u, soff = (uint32_t)kn * (uint32_t)p.N;
+  const uint32_t wstep = (uint32_t)wk * (uint32_t)p.N * 8u, sstep = (uint32_t)wk * (uint32_t)p.N;
+
+  // One k-tile from ring slot s: its activation fragment, decode and mma; then the slot is
+  // refilled with the warp's k-tile U ahead (after its last use: no copies).
+  auto tile = [&](const int s, const uint32_t xaddr) {
+    uint2 xb[MT];
+#pragma unroll
+    for (int mt = 0; mt < MT; ++mt) xb[mt] = ldmatrix_x2(xaddr + mt * 16u * S::kXRow);
+    const uint32_t qw[4] = {wq[s].x, wq[s].y, wq[s].z, wq[s].w};
+    const uint32_t sw[2] = {sq[s].x, sq[s].y};
+#pragma unroll
+    for (int j = 0; j < 4; ++j) {
+      const uint32_t sp = scale_pair<kBf16>(sw[j / 2], j % 2);
+      const uint32_t lo = bcast<kBf16>(sp, false), hi = bcast<kBf16>(sp, true);
+      uint32_t a[4];
+      fp4_pairs<kBf16>(qw[j], a);
+      a[0] = mul2<kBf16>(a[0], lo);  // rows g
+      a[1] = mul2<kBf16>(a[1], hi);  // rows g + 8
+      a[2] = mul2<kBf16>(a[2], lo);
+      a[3] = mul2<kBf16>(a[3], hi);
+#pragma unroll
+      for (int mt = 0; mt < MT; ++mt) mma16816<kBf16>(acc[j][mt], a, xb[mt].x, xb[mt].y);
+    }
+    const bool more = kn < kt1;
+    ld_weights(wq[s], reinterpret_cast<const uint4*>(wbase + woff), more);
+    ld_scales(sq[s], reinterpret_cast<const uint8_t*>(sbase + soff), more);
+    kn += wk;
+    woff += wstep;
+    soff += sstep;
+  };
+
   if (kt0 < kt1) fill(kt0, 0);
   for (int cb = kt0, c = 0; cb < kt1; cb += S::kChunkTiles, ++c) {
     if (cb + S::kChunkTiles < kt1) {
@@ -258,40 +314,16 @@ __global__ void __launch_bounds__(kThreads, MT <= 2 ? 2 : 1) fp4_gemv_kernel(con
       cp_async_wait<0>();
     }
     __syncthreads();  // chunk c is in buffer c % 2 for every thread
-    const uint16_t* xbuf = reinterpret_cast<const uint16_t*>(smem + (c % 2) * S::kXBuf);
+    const uint32_t xbuf = lm_base + (c % 2) * 4u * S::kXBuf;
+    // Every tile is tested, also in chunks whose tiles all exist: the test ends a basic block
+    // per tile, which keeps each refill load in its own tile. Without it (one straight-line
+    // block per chunk) ptxas sinks all U refills to the block's end, so the next chunk's first
+    // tiles wait for loads issued a tile earlier instead of U tiles earlier (bench NOTES).
     for (int r = 0; r < wn; ++r) {
+      const int lt0 = warp_k + wk * r * U;  // chunk-local k-tile of slot 0
 #pragma unroll
-      for (int s = 0; s < U; ++s, ++i) {
-        const int kt = kt0 + warp_k + wk * i;
-        if (!(n_ok && kt < kt1)) continue;
-        const int lt = kt - cb;
-        uint2 xb[MT];
-#pragma unroll
-        for (int mt = 0; mt < MT; ++mt)
-          xb[mt] = ldmatrix_x2(xbuf + (mt * 8 + lm_row) * S::kXRow + lt * 16 + lm_koff);
-        const uint32_t qw[4] = {wq[s].x, wq[s].y, wq[s].z, wq[s].w};
-        const uint32_t sw[2] = {sq[s].x, sq[s].y};
-#pragma unroll
-        for (int j = 0; j < 4; ++j) {
-          const uint32_t sp = scale_pair<kBf16>(sw[j / 2], j % 2);
-          const uint32_t lo = bcast<kBf16>(sp, false), hi = bcast<kBf16>(sp, true);
-          const uint32_t q = qw[j];
-          uint32_t a[4];
-          a[0] = mul2<kBf16>(fp4_pair<kBf16>(q << 12), lo);
-          a[1] = mul2<kBf16>(fp4_pair<kBf16>(q << 4), hi);
-          a[2] = mul2<kBf16>(fp4_pair<kBf16>(q << 8), lo);
-          a[3] = mul2<kBf16>(fp4_pair<kBf16>(q), hi);
-#pragma unroll
-          for (int mt = 0; mt < MT; ++mt) mma16816<kBf16>(acc[j][mt], a, xb[mt].x, xb[mt].y);
-        }
-        // refill this slot with the warp's k-tile i + U (after its last use: no copies)
-        const bool more = kn < kt1;
-        ld_weights(wq[s], wnext, more);
-        ld_scales(sq[s], snext, more);
-        kn += wk;
-        wnext += wstep;
-        snext += sstep;
-      }
+      for (int s = 0; s < U; ++s)
+        if (n_ok && cb + lt0 + wk * s < kt1) tile(s, xbuf + 32u * (lt0 + wk * s));
     }
     __syncthreads();  // buffer c % 2 is consumed before chunk c + 2 is copied into it
   }
@@ -455,6 +487,8 @@ int fp4_gemv(const void* x, int lda, int M, int k_in, const void* qweight, const
       (reinterpret_cast<uintptr_t>(scales) & 7))
     return -1;
   if (!(wn == 1 || wn == 2 || wn == 4 || wn == 8) || splits < 1 || splits > K / 16) return -1;
+  // The kernel steps 32-bit byte offsets through the weights, up to 64 k-tiles past the end.
+  if ((long long)(K / 16 + 64) * N * 8 >= (1LL << 32)) return -1;
   const int groups = (N / 64 + wn - 1) / wn;
   if (splits > 1 && (ws_floats < (long long)splits * M * N || n_counters < groups)) return -1;
   fp4k::GemvParams p;

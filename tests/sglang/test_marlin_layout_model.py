@@ -228,6 +228,24 @@ def _fp4_pair(v: torch.Tensor, bf16: bool) -> torch.Tensor:
     return (v & 0x80008000) | ((v >> shift) & (0x70007000 >> shift))
 
 
+def _fp4_pairs(word: torch.Tensor, bf16: bool) -> dict[int, torch.Tensor]:
+    """fp4_pairs of fp4_gemv.cu: mma register -> its 16-bit pair. bf16 decodes with one
+    multiply per pair (a nibble copied 12 and 6, or 8 and 2, bits up); fp16 with fp4_pair of
+    the word shifted so that the register's nibbles sit at bits 12..15 and 28..31."""
+    if not bf16:
+        return {reg: _fp4_pair(_u32(word << sh), False) for reg, sh in SHIFTS.items()}
+    keep, q8 = 0x81C081C0, word >> 8
+    return {
+        0: _u32((word & 0x000F000F) * 0x1040) & keep,
+        1: _u32((q8 & 0x000F000F) * 0x1040) & keep,
+        2: _u32((word & 0x00F000F0) * 0x0104) & keep,
+        3: _u32((q8 & 0x00F000F0) * 0x0104) & keep,
+    }
+
+
+SHIFTS = {0: 12, 1: 4, 2: 8, 3: 0}  # reg -> left shift that brings its nibbles to 12..15
+
+
 def _scale_pair(w: torch.Tensor, odd: bool, dtype: torch.dtype) -> tuple:
     if dtype == BF16:
         bits = ((w >> 4) if odd else _u32(w << 4)) & 0x0FF00FF0
@@ -247,14 +265,13 @@ def _emulate_gemv_decode(qweight: torch.Tensor, scale_bytes: torch.Tensor, dtype
     sb = scale_bytes.view(torch.uint8).to(torch.int64).view(kt_n, n // 64, 8, 8)  # [.., g, b]
     words = [sum(sb[..., 4 * h + b] << (8 * b) for b in range(4)) for h in range(2)]
     out = torch.full((n, k), float("nan"))
-    shifts = {0: 12, 1: 4, 2: 8, 3: 0}  # reg -> left shift that brings its nibbles up
     for lane in range(32):
         g = lane // 4
         for j in range(4):
             s_lo, s_hi = _scale_pair(words[j // 2][:, :, g], j % 2 == 1, dtype)
-            word = q[:, :, lane, j]
-            for reg, shift in shifts.items():
-                a_lo, a_hi = _halves(_fp4_pair(_u32(word << shift), bf16), dtype)
+            pairs = _fp4_pairs(q[:, :, lane, j], bf16)
+            for reg, pair in pairs.items():
+                a_lo, a_hi = _halves(pair, dtype)
                 s = s_lo if reg in (0, 2) else s_hi  # rows g (regs 0, 2), g + 8 (regs 1, 3)
                 for half, a in ((0, a_lo), (1, a_hi)):
                     nn, kk = ml.fragment_coords(lane, j, reg, half)
@@ -263,6 +280,16 @@ def _emulate_gemv_decode(qweight: torch.Tensor, scale_bytes: torch.Tensor, dtype
                     cols = torch.arange(kt_n) * 16 + kk
                     out[rows.view(1, -1), cols.view(-1, 1)] = val
     return out
+
+
+def test_bf16_pair_decode_by_multiply_equals_the_shifts():
+    """Every byte pattern in every nibble position: the multiply decode gives fp4_pair's bits
+    (both halves of a word decode alike and apart, so 16 bits per half cover them)."""
+    half = torch.arange(1 << 16, dtype=torch.int64)
+    for word in (half, half << 16, half | ((half.flip(0)) << 16)):
+        got = _fp4_pairs(word, bf16=True)
+        for reg, sh in SHIFTS.items():
+            assert torch.equal(got[reg], _fp4_pair(_u32(word << sh), True)), reg
 
 
 @pytest.mark.parametrize("dtype", [FP16, BF16])

@@ -8,7 +8,8 @@
   prints its version (the compile check without a compiler).
 
 The tools tested here that are scripts rather than modules of the package (scripts/device,
-bench, tests/gpu's reference) are importable by their module names, from here alone.
+bench, bench/kernels, tests/gpu's reference) are importable by their module names, from here
+alone.
 """
 
 from __future__ import annotations
@@ -22,7 +23,7 @@ from _fakepin import Env, git, isolate_git, make_env
 from fp4series import compile_check
 
 REPO = Path(__file__).resolve().parents[2]
-for _folder in ("scripts/device", "bench", "tests/gpu"):
+for _folder in ("scripts/device", "bench", "bench/kernels", "tests/gpu"):
     if str(REPO / _folder) not in sys.path:
         sys.path.insert(0, str(REPO / _folder))
 
