@@ -152,6 +152,8 @@ __device__ __forceinline__ uint32_t bcast(uint32_t v, bool hi) {
   }
 }
 
+// Plain asm (not volatile): the mma has no side effect, so the compiler may schedule it among
+// the decode's instructions like any arithmetic.
 template <bool kBf16>
 __device__ __forceinline__ void mma16816(float* c, const uint32_t* a, uint32_t b0, uint32_t b1) {
   if constexpr (kBf16) {
