@@ -1,4 +1,4 @@
-"""NVFP4 Marlin dense linears add their bias in its original column order (0.5.23 line, patch 1).
+"""NVFP4 Marlin dense linears add their bias in its original column order (SGLang 0.5.23).
 
 0.5.23's ``prepare_nvfp4_layer_for_marlin`` stores ``marlin_permute_bias(bias)``, while
 ``apply_fp4_marlin_linear`` adds ``layer.bias`` to the output of ``gptq_marlin_gemm``,
@@ -6,7 +6,7 @@ which takes no bias and returns its columns in the original order: every NVFP4 M
 linear with a non-constant bias is wrong (rel L2 0.83-0.89 measured on an H200).
 
 The CUDA ops (``gptq_marlin_repack``, ``gptq_marlin_gemm``, ``marlin_make_workspace``)
-are stubbed as in tests/sglang/test_marlin_utils_fp4.py: the GEMM returns a known
+are stubbed by the CPU harness (``MarlinStubs`` in _sglang_cpu.py): the GEMM returns a known
 tensor, so the layer's output must be that tensor plus the checkpoint's bias, column by
 column. Everything else is 0.5.23's code: the helper itself, and a real
 ``ReplicatedLinear`` built with the ModelOpt / compressed-tensors quant config parsed
