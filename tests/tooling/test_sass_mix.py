@@ -29,7 +29,8 @@ SASS = f"""
 \t\tFunction : {GEMV}
         /*0000*/                   LDC R1, c[0x0][0x28] ;
         /*0010*/                   BAR.SYNC.DEFER_BLOCKING 0x0 ;
-{TILE.format(a="010")}{TILE.format(a="020")}        /*0300*/                   BAR.SYNC.DEFER_BLOCKING 0x0 ;
+{TILE.format(a="010")}{TILE.format(a="020")}\
+        /*0300*/                   BAR.SYNC.DEFER_BLOCKING 0x0 ;
         /*0310*/                   EXIT ;
 \t\tFunction : _ZN4fp4k14dequant_kernelEv
         /*0000*/                   HMMA.16816.F32.BF16 R64, R76, R96, R64 ;
