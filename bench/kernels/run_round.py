@@ -50,6 +50,7 @@ for _p in (HERE, REPO / "bench", REPO / "tests" / "gpu", REPO / "src"):
 import bench_fp4_marlin as bfm  # noqa: E402
 import fp4_kernels as fk  # noqa: E402
 import marlin_layout as ml  # noqa: E402
+import sass_mix  # noqa: E402
 
 MS = (1, 2, 4, 8, 16, 32, 64, 256, 1024)
 GATE = 1e-2
@@ -72,7 +73,9 @@ def log(msg: str) -> None:
 
 
 def sass_summary(so: Path) -> str:
-    """Per kernel: counts of the instructions that matter (wide loads, mma, local memory)."""
+    """Per kernel: counts of the instructions that matter (wide loads, mma, local memory); per
+    gemv instantiation its instructions per weight tile and the roofline share issue allows
+    at one and at 0.47 instructions per scheduler per cycle (sass_mix.py, round 1's profile)."""
     tool = shutil.which("cuobjdump") or "/usr/local/cuda/bin/cuobjdump"
     if not Path(tool).is_file():
         return "cuobjdump not found: no SASS summary\n"
@@ -81,22 +84,15 @@ def sass_summary(so: Path) -> str:
         return f"cuobjdump failed: {proc.stderr[-500:]}\n"
     keys = ("LDG.E.NA.LTC256B.128", "LDG.E.NA.64", "LDG.E.128", "HMMA.16816", "HMUL2", "LDS.64",
             "STG.E.128", "LDL", "STL", "BAR.SYNC")  # fmt: skip
-    lines, fn, counts = [], None, {}
-
-    def flush() -> None:
-        if fn:
-            lines.append(fn + ": " + ", ".join(f"{k} {v}" for k, v in counts.items() if v))
-
-    for line in proc.stdout.splitlines():
-        if "Function :" in line:
-            flush()
-            fn, counts = line.split("Function :")[1].strip(), dict.fromkeys(keys, 0)
-        elif fn:
-            for k in keys:
-                if k in line:
-                    counts[k] += 1
-    flush()
-    return "\n".join(lines) + "\n"
+    lines = []
+    for fn, ops in sass_mix.functions(proc.stdout).items():
+        counts = {k: sum(op.startswith(k) for op in ops) for k in keys}
+        lines.append(fn + ": " + ", ".join(f"{k} {v}" for k, v in counts.items() if v))
+    try:
+        per_tile = sass_mix.table(sass_mix.gemv_mixes(proc.stdout), [1.0, 0.47])
+    except ValueError as exc:  # the loop's shape changed: the counts above still stand
+        per_tile = f"no per-tile counts: {exc}"
+    return "\n".join(lines) + f"\n\n## per weight tile\n{per_tile}\n{sass_mix.BASIS}\n"
 
 
 # ----------------------------------------------------------------------------- layers

@@ -36,6 +36,10 @@ GEMV_SOURCE = HERE / "fp4_gemv.cu"
 # H200: 132 SMs at 1.98 GHz boost; bandwidth: the copy bandwidth round 1 measured (its roofline).
 H200 = {"sms": 132, "clock_ghz": 1.98, "bandwidth_tb_s": 4.24}
 TILE_BYTES = 16 * 64 // 2 + 64  # FP4 weights of one 16 x 64 tile and their 64 scale bytes
+BASIS = (
+    f"roofline per tile: {TILE_BYTES} B at {H200['bandwidth_tb_s']} TB/s; "
+    f"issue: {H200['sms']} SMs x 4 schedulers x {H200['clock_ghz']} GHz x rate"
+)
 KERNEL = re.compile(r"fp4_gemv_kernelILb([01])ELi(\d+)ELi(\d+)E")
 # "/*0a60*/   @!P5 LDG.E.NA.64 R8, ..." -> the opcode with its modifiers
 INSTRUCTION = re.compile(
@@ -117,6 +121,13 @@ def mix(name: str, ops: list[str]) -> Mix:
     )
 
 
+def gemv_mixes(sass: str) -> list[Mix]:
+    """Every fp4_gemv_kernel instantiation in cuobjdump -sass text, bf16 first, by MT."""
+    found = functions(sass)
+    mixes = [mix(n, ops) for n, ops in found.items() if KERNEL.search(n)]
+    return sorted(mixes, key=lambda x: (x.dtype, x.mt))
+
+
 def tool(env: str, name: str, beside: str | None) -> str:
     for cand in (os.environ.get(env), shutil.which(name)):
         if cand and Path(cand).is_file():
@@ -162,16 +173,11 @@ def main(argv: list[str] | None = None) -> int:
         sass = subprocess.run(
             [dump, "-sass", str(cubin)], check=True, capture_output=True, text=True
         )
-    found = functions(sass.stdout)
-    mixes = sorted(
-        (mix(n, ops) for n, ops in found.items() if KERNEL.search(n)),
-        key=lambda x: (x.dtype, x.mt),
-    )
+    mixes = gemv_mixes(sass.stdout)
     if not mixes:
         raise SystemExit("no fp4_gemv_kernel in the cubin")
     print(table(mixes, rates))
-    print(f"\nroofline per tile: {TILE_BYTES} B at {H200['bandwidth_tb_s']} TB/s; "
-          f"issue: {H200['sms']} SMs x 4 schedulers x {H200['clock_ghz']} GHz x rate")  # fmt: skip
+    print("\n" + BASIS)
     if args.json:
         args.json.write_text(json.dumps([asdict(x) for x in mixes], indent=1) + "\n")
     return 0
