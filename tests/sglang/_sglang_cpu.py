@@ -65,6 +65,8 @@ LINES = {
         kernel="0.4.2",
         kernel_variable="SGL_KERNEL_SCALAR_TYPE_WHEEL",
         matrix="test_capability_matrix.py",
+        # imports sgl_kernel when is_cuda() is true; moe_layer imports it under a mocked GPU
+        preload=("sglang.srt.layers.moe.fused_moe_triton",),
     ),
     "0.5.23": Line(
         "0.5.23",
