@@ -164,7 +164,8 @@ def expected_cell(cap, ckpt: str, backend: str, dtype, turing: bool) -> Expected
 # Driving SGLang
 # --------------------------------------------------------------------------
 
-HIDDEN, INTER = 256, 128
+# the sizes of _build's layers, read when it runs (other tests of this line set them)
+HIDDEN, INTER, EXPERTS = 256, 128, 8
 
 
 def _build(ckpt, dtype, create_weights: bool):
@@ -187,7 +188,7 @@ def _build(ckpt, dtype, create_weights: bool):
             prefix=ckpt.prefix,
         )
         return layer, layer.quant_method
-    layer = moe_layer(dtype)
+    layer = moe_layer(dtype, experts=EXPERTS, hidden=HIDDEN, inter=INTER)
     method = config.get_quant_method(layer, prefix=ckpt.prefix)
     assert method is not None, "the MoE layer was treated as excluded"
     layer.quant_method = method
