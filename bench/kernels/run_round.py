@@ -29,7 +29,6 @@ import json
 import math
 import os
 import shlex
-import shutil
 import statistics
 import subprocess
 import sys
@@ -75,9 +74,9 @@ def log(msg: str) -> None:
 def sass_summary(so: Path) -> str:
     """Per kernel: counts of the instructions that matter (wide loads, mma, local memory); per
     gemv instantiation its instructions per weight tile and the roofline share issue allows
-    at one and at 0.47 instructions per scheduler per cycle (sass_mix.py, round 1's profile)."""
-    tool = shutil.which("cuobjdump") or "/usr/local/cuda/bin/cuobjdump"
-    if not Path(tool).is_file():
+    at one and at round 1's profiled instructions per scheduler per cycle (sass_mix.py)."""
+    tool = sass_mix.cuobjdump_path()
+    if tool is None:
         return "cuobjdump not found: no SASS summary\n"
     proc = subprocess.run([tool, "--dump-sass", str(so)], capture_output=True, text=True)
     if proc.returncode != 0:
@@ -89,7 +88,8 @@ def sass_summary(so: Path) -> str:
         counts = {k: sum(op.startswith(k) for op in ops) for k in keys}
         lines.append(fn + ": " + ", ".join(f"{k} {v}" for k, v in counts.items() if v))
     try:
-        per_tile = sass_mix.table(sass_mix.gemv_mixes(proc.stdout), [1.0, 0.47])
+        rates = [1.0, sass_mix.PROFILED_ISSUE_RATE]
+        per_tile = sass_mix.table(sass_mix.gemv_mixes(proc.stdout), rates)
     except ValueError as exc:  # the loop's shape changed: the counts above still stand
         per_tile = f"no per-tile counts: {exc}"
     return "\n".join(lines) + f"\n\n## per weight tile\n{per_tile}\n{sass_mix.BASIS}\n"

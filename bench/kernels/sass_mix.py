@@ -1,7 +1,7 @@
 """What the gemv issues per weight tile, read from its machine code (no GPU needed).
 
 Round 1's profile found the gemv latency-bound: its warps issue about every 8 cycles, about
-0.45 instructions per scheduler per cycle (NOTES.md). Whether that rate can reach the HBM
+0.47 instructions per scheduler per cycle (NOTES.md). Whether that rate can reach the HBM
 roofline at all depends on how many instructions one 16 x 64 weight tile costs: this counts
 them in the SASS of every ``fp4_gemv_kernel`` instantiation and turns the count into the
 share of the roofline the kernel could reach at a given issue rate:
@@ -12,9 +12,9 @@ with the issue capacity SMs x 4 schedulers x clock x rate. The per-tile body is 
 unrolled k-tile loop: from the first ``LDSM`` (a tile's activation fragment) to the first
 barrier after the last ``HMMA``, divided by the tiles it holds (HMMA count / 4 / MT).
 
-    python bench/kernels/sass_mix.py [--cubin F] [--rate 0.45] [--json OUT]
+    python bench/kernels/sass_mix.py [--cubin F] [--rate 0.47] [--json OUT]
 
-Needs nvcc (or ``--cubin``) and cuobjdump (``$CUOBJDUMP``, PATH, or beside nvcc).
+Needs nvcc (or ``--cubin``) and cuobjdump (``cuobjdump_path``).
 """
 
 from __future__ import annotations
@@ -35,6 +35,8 @@ HERE = Path(__file__).resolve().parent
 GEMV_SOURCE = HERE / "fp4_gemv.cu"
 # H200: 132 SMs at 1.98 GHz boost; bandwidth: the copy bandwidth round 1 measured (its roofline).
 H200 = {"sms": 132, "clock_ghz": 1.98, "bandwidth_tb_s": 4.24}
+# Round 1's Nsight Compute profile: 0.43-0.51 instructions issued per scheduler per cycle.
+PROFILED_ISSUE_RATE = 0.47
 TILE_BYTES = 16 * 64 // 2 + 64  # FP4 weights of one 16 x 64 tile and their 64 scale bytes
 BASIS = (
     f"roofline per tile: {TILE_BYTES} B at {H200['bandwidth_tb_s']} TB/s; "
@@ -128,21 +130,25 @@ def gemv_mixes(sass: str) -> list[Mix]:
     return sorted(mixes, key=lambda x: (x.dtype, x.mt))
 
 
-def tool(env: str, name: str, beside: str | None) -> str:
-    for cand in (os.environ.get(env), shutil.which(name)):
+def cuobjdump_path() -> str | None:
+    """cuobjdump: ``$CUOBJDUMP``, PATH, or CUDA's bin/ (beside nvcc, or /usr/local/cuda/bin)."""
+    nvcc = shutil.which("nvcc")
+    beside = str(Path(nvcc).resolve().parent / "cuobjdump") if nvcc else None
+    for cand in (os.environ.get("CUOBJDUMP"), shutil.which("cuobjdump"), beside,
+                 "/usr/local/cuda/bin/cuobjdump"):  # fmt: skip
         if cand and Path(cand).is_file():
             return cand
-    if beside and (p := Path(beside).resolve().parent / name).is_file():
-        return str(p)
-    raise SystemExit(f"{name} not found: put CUDA's bin/ on PATH or set {env}")
+    return None
 
 
 def build_cubin(out_dir: Path) -> Path:
-    """The gemv as fp4_kernels.build compiles it for Hopper (sm_90a, -O3), as a cubin."""
-    nvcc = tool("NVCC", "nvcc", None)
+    """The gemv as fp4_kernels.build compiles it for Hopper (its nvcc and sm_90a flag, -O3),
+    as a cubin."""
+    import fp4_kernels as fk  # torch comes with it: only when building
+
     cubin = out_dir / "fp4_gemv.cubin"
-    cmd = [nvcc, "-cubin", "-O3", "-gencode=arch=compute_90a,code=sm_90a", "-std=c++17",
-           "-lineinfo", "-o", str(cubin), str(GEMV_SOURCE)]  # fmt: skip
+    cmd = [fk.nvcc_path(), "-cubin", "-O3", fk.arch_flag((9, 0)), "-std=c++17", "-lineinfo",
+           "-o", str(cubin), str(GEMV_SOURCE)]  # fmt: skip
     subprocess.run(cmd, check=True)
     return cubin
 
@@ -162,14 +168,20 @@ def table(mixes: list[Mix], rates: list[float]) -> str:
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--cubin", type=Path, help="an sm_90a cubin of fp4_gemv.cu (default: build)")
-    ap.add_argument("--rate", type=float, action="append", help="issue rates (default 1, 0.45)")
+    ap.add_argument(
+        "--rate",
+        type=float,
+        action="append",
+        help=f"issue rates (default 1 and {PROFILED_ISSUE_RATE}, the profiled one)",
+    )
     ap.add_argument("--json", type=Path, help="also write the counts here")
     args = ap.parse_args(argv)
-    rates = args.rate or [1.0, 0.45]
+    rates = args.rate or [1.0, PROFILED_ISSUE_RATE]
     with tempfile.TemporaryDirectory() as tmp:
         cubin = args.cubin or build_cubin(Path(tmp))
-        nvcc = shutil.which("nvcc") or os.environ.get("NVCC")
-        dump = tool("CUOBJDUMP", "cuobjdump", nvcc)
+        dump = cuobjdump_path()
+        if dump is None:
+            raise SystemExit("cuobjdump not found: put CUDA's bin/ on PATH or set CUOBJDUMP")
         sass = subprocess.run(
             [dump, "-sass", str(cubin)], check=True, capture_output=True, text=True
         )
