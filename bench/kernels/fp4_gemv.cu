@@ -171,6 +171,28 @@ __device__ __forceinline__ void mma16816(float* c, const uint32_t* a, uint32_t b
   }
 }
 
+// One 16 x 64 weight tile (a lane's 16 bytes and 8 scale bytes) times the activation
+// fragments of its 16 k: decode to the 16-bit operand, scale, 4 x MT mma.
+template <bool kBf16, int MT>
+__device__ __forceinline__ void tile_mma(float (&acc)[4][MT][4], const uint4& wq, const uint2& sq,
+                                         const uint2 (&xb)[MT]) {
+  const uint32_t qw[4] = {wq.x, wq.y, wq.z, wq.w};
+  const uint32_t sw[2] = {sq.x, sq.y};
+#pragma unroll
+  for (int j = 0; j < 4; ++j) {
+    const uint32_t sp = scale_pair<kBf16>(sw[j / 2], j % 2);
+    const uint32_t lo = bcast<kBf16>(sp, false), hi = bcast<kBf16>(sp, true);
+    uint32_t a[4];
+    fp4_pairs<kBf16>(qw[j], a);
+    a[0] = mul2<kBf16>(a[0], lo);  // rows g
+    a[1] = mul2<kBf16>(a[1], hi);  // rows g + 8
+    a[2] = mul2<kBf16>(a[2], lo);
+    a[3] = mul2<kBf16>(a[3], hi);
+#pragma unroll
+    for (int mt = 0; mt < MT; ++mt) mma16816<kBf16>(acc[j][mt], a, xb[mt].x, xb[mt].y);
+  }
+}
+
 template <bool kBf16>
 __device__ __forceinline__ float act_to_float(const void* p, int i) {
   if constexpr (kBf16) {
@@ -187,6 +209,102 @@ __device__ __forceinline__ void store_act(void* p, size_t i, float v) {
   } else {
     reinterpret_cast<__half*>(p)[i] = __float2half_rn(v);
   }
+}
+
+// The block's end: the WK partial sums of each n-tile reduced in a fixed order and staged as
+// [rows, wn * 64] fp32 in shared memory `fsm`; then either this split's partials (the last
+// block of the n-group sums the splits in order) or, with one split, the output directly:
+// out = acc * g * col_scale[n] + bias[n], rounded once. Every thread of the block calls it (it
+// holds the block's barriers); warps past the 8 computing ones bring no sums.
+template <bool kBf16, int MT, int kCStride>
+__device__ __forceinline__ void finish(const GemvParams& p, float (&acc)[4][MT][4], float* fsm,
+                                       const int rows) {
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+  const int g = lane / 4, t = lane % 4;
+  const bool computes = warp < kWarps;
+  const int wn = p.wn, wk = kWarps / wn;
+  const int warp_n = warp % wn, warp_k = warp / wn;
+  __syncthreads();
+  if (wk > 1) {
+    if (computes && warp_k > 0) {
+      float* dst = fsm + ((warp_k - 1) * wn + warp_n) * 16 * MT * 32 + lane;
+#pragma unroll
+      for (int j = 0; j < 4; ++j)
+#pragma unroll
+        for (int mt = 0; mt < MT; ++mt)
+#pragma unroll
+          for (int e = 0; e < 4; ++e) dst[((j * MT + mt) * 4 + e) * 32] = acc[j][mt][e];
+    }
+    __syncthreads();
+    if (computes && warp_k == 0) {
+      for (int w = 1; w < wk; ++w) {
+        const float* src = fsm + ((w - 1) * wn + warp_n) * 16 * MT * 32 + lane;
+#pragma unroll
+        for (int j = 0; j < 4; ++j)
+#pragma unroll
+          for (int mt = 0; mt < MT; ++mt)
+#pragma unroll
+            for (int e = 0; e < 4; ++e) acc[j][mt][e] += src[((j * MT + mt) * 4 + e) * 32];
+      }
+    }
+    __syncthreads();
+  }
+  const int cols = wn * 64;
+  if (computes && warp_k == 0) {
+#pragma unroll
+    for (int j = 0; j < 4; ++j)
+#pragma unroll
+      for (int mt = 0; mt < MT; ++mt)
+#pragma unroll
+        for (int e = 0; e < 4; ++e) {
+          const int n = warp_n * 64 + j * 16 + g + (e >= 2 ? 8 : 0);
+          const int m = mt * 8 + 2 * t + (e & 1);
+          fsm[m * kCStride + n] = acc[j][mt][e];
+        }
+  }
+  __syncthreads();
+
+  const int n_base = blockIdx.x * cols;
+  float gmul;
+  {
+    const uint16_t gb = *p.gscale;
+    if constexpr (kBf16) {
+      gmul = __bfloat162float(__ushort_as_bfloat16(gb)) * 0x1p-15f;  // operand scale 2^-104
+    } else {
+      gmul = __half2float(__ushort_as_half(gb));  // operand scale 2^-7
+    }
+  }
+  const int splits = gridDim.y;
+  if (splits > 1) {
+    float* part = p.ws + (size_t)blockIdx.y * p.M * p.N;
+    for (int idx = threadIdx.x; idx < rows * cols; idx += blockDim.x) {
+      const int m = idx / cols, nl = idx % cols;
+      if (n_base + nl < p.N) part[(size_t)m * p.N + n_base + nl] = fsm[m * kCStride + nl];
+    }
+    __threadfence();
+    __syncthreads();
+    __shared__ int last;
+    if (threadIdx.x == 0) last = atomicAdd(p.counters + blockIdx.x, 1) == splits - 1;
+    __syncthreads();
+    if (!last) return;
+    __threadfence();
+  }
+  for (int idx = threadIdx.x; idx < rows * cols; idx += blockDim.x) {
+    const int m = idx / cols, n = n_base + idx % cols;
+    if (n >= p.n_out) continue;
+    float v;
+    if (splits > 1) {
+      v = 0.f;
+      for (int s = 0; s < splits; ++s) v += __ldcg(p.ws + ((size_t)s * p.M + m) * p.N + n);
+    } else {
+      v = fsm[m * kCStride + idx % cols];
+    }
+    v *= gmul;
+    if (p.col_scale) v *= p.col_scale[n];
+    if (p.bias) v += act_to_float<kBf16>(p.bias, n);
+    store_act<kBf16>(p.out, (size_t)m * p.ldo + n, v);
+  }
+  if (splits > 1 && threadIdx.x == 0) p.counters[blockIdx.x] = 0;
 }
 
 // Shared memory, in 32-bit words, for MT m-blocks of 8 rows and a chunk of 8 * U k-tiles.
@@ -212,7 +330,7 @@ __global__ void __launch_bounds__(kThreads, MT <= 2 ? 2 : 1) fp4_gemv_kernel(con
   using S = Smem<MT, U>;
   extern __shared__ uint32_t smem[];
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
-  const int g = lane / 4, t = lane % 4;
+  const int g = lane / 4;
   const int wn = p.wn, wk = kWarps / wn;
   const int warp_n = warp % wn, warp_k = warp / wn;
   const int n_tiles = p.N / 64, k_tiles = p.K / 16;
@@ -284,21 +402,7 @@ __global__ void __launch_bounds__(kThreads, MT <= 2 ? 2 : 1) fp4_gemv_kernel(con
     uint2 xb[MT];
 #pragma unroll
     for (int mt = 0; mt < MT; ++mt) xb[mt] = ldmatrix_x2(xaddr + mt * 16u * S::kXRow);
-    const uint32_t qw[4] = {wq[s].x, wq[s].y, wq[s].z, wq[s].w};
-    const uint32_t sw[2] = {sq[s].x, sq[s].y};
-#pragma unroll
-    for (int j = 0; j < 4; ++j) {
-      const uint32_t sp = scale_pair<kBf16>(sw[j / 2], j % 2);
-      const uint32_t lo = bcast<kBf16>(sp, false), hi = bcast<kBf16>(sp, true);
-      uint32_t a[4];
-      fp4_pairs<kBf16>(qw[j], a);
-      a[0] = mul2<kBf16>(a[0], lo);  // rows g
-      a[1] = mul2<kBf16>(a[1], hi);  // rows g + 8
-      a[2] = mul2<kBf16>(a[2], lo);
-      a[3] = mul2<kBf16>(a[3], hi);
-#pragma unroll
-      for (int mt = 0; mt < MT; ++mt) mma16816<kBf16>(acc[j][mt], a, xb[mt].x, xb[mt].y);
-    }
+    tile_mma<kBf16, MT>(acc, wq[s], sq[s], xb);
     const bool more = kn < kt1;
     ld_weights(wq[s], reinterpret_cast<const uint4*>(wbase + woff), more);
     ld_scales(sq[s], reinterpret_cast<const uint8_t*>(sbase + soff), more);
@@ -330,89 +434,210 @@ __global__ void __launch_bounds__(kThreads, MT <= 2 ? 2 : 1) fp4_gemv_kernel(con
     __syncthreads();  // buffer c % 2 is consumed before chunk c + 2 is copied into it
   }
 
-  // Reduce the WK warps of an n-tile (fixed order), then stage the block's [rows, wn*64] fp32.
-  float* fsm = reinterpret_cast<float*>(smem);
-  __syncthreads();
-  if (wk > 1) {
-    if (warp_k > 0) {
-      float* dst = fsm + ((warp_k - 1) * wn + warp_n) * 16 * MT * 32 + lane;
-#pragma unroll
-      for (int j = 0; j < 4; ++j)
-#pragma unroll
-        for (int mt = 0; mt < MT; ++mt)
-#pragma unroll
-          for (int e = 0; e < 4; ++e) dst[((j * MT + mt) * 4 + e) * 32] = acc[j][mt][e];
-    }
-    __syncthreads();
-    if (warp_k == 0) {
-      for (int w = 1; w < wk; ++w) {
-        const float* src = fsm + ((w - 1) * wn + warp_n) * 16 * MT * 32 + lane;
-#pragma unroll
-        for (int j = 0; j < 4; ++j)
-#pragma unroll
-          for (int mt = 0; mt < MT; ++mt)
-#pragma unroll
-            for (int e = 0; e < 4; ++e) acc[j][mt][e] += src[((j * MT + mt) * 4 + e) * 32];
-      }
-    }
-    __syncthreads();
+  finish<kBf16, MT, S::kCStride>(p, acc, reinterpret_cast<float*>(smem), rows);
+}
+
+// ---- SM90: the copy engine streams the weights -------------------------------------------
+// The register ring above keeps at most U tiles per warp in flight, and a loads-only probe of
+// that scheme (bw_probe.cu) streams the layout at 58-72 % of the roofline even with no decode;
+// a producer warp that hands whole rows of the block's n-tiles to the copy engine
+// (cp.async.bulk into a ring of shared-memory stages, one mbarrier pair per stage) reached
+// 81-101 % on the large shapes. Here the 8 computing warps read their tiles from those stages
+// (weights, scale bytes and the activations of the stage's k-range arrive by the same copies),
+// with the decode, mma and end of the ring kernel.
+
+constexpr int kStageRows = 8;             // k-tile rows per stage
+constexpr int kStageBudget = 72 * 1024;   // bytes of stages per block: 3 blocks per SM at wn 4
+constexpr int kBarBytes = 128;            // full[8] and empty[8] mbarriers, before the stages
+
+template <int MT>
+struct TmaSmem {
+  static constexpr int kXRow = kStageRows * 16 + 8;  // halves per activation row (+16 B: banks)
+  static constexpr int kXBytes = 8 * MT * kXRow * 2;
+  static constexpr int kMaxWn = MT >= 8 ? 4 : 8;
+  static constexpr int kCStride = kMaxWn * 64 + 4;
+  __host__ __device__ static constexpr int stage_bytes(int wn) { return kStageRows * 576 * wn + kXBytes; }
+  static int stages(int wn) {
+    const int s = kStageBudget / stage_bytes(wn);
+    return s < 2 ? 2 : s > 8 ? 8 : s;
   }
-  const int cols = wn * 64;
-  if (warp_k == 0) {
-#pragma unroll
-    for (int j = 0; j < 4; ++j)
-#pragma unroll
-      for (int mt = 0; mt < MT; ++mt)
-#pragma unroll
-        for (int e = 0; e < 4; ++e) {
-          const int n = warp_n * 64 + j * 16 + g + (e >= 2 ? 8 : 0);
-          const int m = mt * 8 + 2 * t + (e & 1);
-          fsm[m * S::kCStride + n] = acc[j][mt][e];
-        }
+  static int bytes(int wn) {
+    const int pipe = stages(wn) * stage_bytes(wn);
+    const int red = (kWarps - wn) * 16 * MT * 32 * 4, c = 8 * MT * kCStride * 4;
+    return kBarBytes + (pipe > red ? (pipe > c ? pipe : c) : (red > c ? red : c));
   }
+};
+
+__device__ __forceinline__ void mbar_init(uint32_t bar, int count) {
+  asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;\n" ::"r"(bar), "r"(count));
+}
+__device__ __forceinline__ void mbar_expect_tx(uint32_t bar, uint32_t bytes) {
+  asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;\n" ::"r"(bar), "r"(bytes) : "memory");
+}
+__device__ __forceinline__ void mbar_arrive(uint32_t bar) {
+  asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];\n" ::"r"(bar) : "memory");
+}
+__device__ __forceinline__ void mbar_wait(uint32_t bar, uint32_t parity) {
+  uint32_t done;
+  do {
+    asm volatile(
+        "{\n .reg .pred p;\n mbarrier.try_wait.parity.shared::cta.b64 p, [%1], %2;\n"
+        " selp.u32 %0, 1, 0, p;\n}\n"
+        : "=r"(done)
+        : "r"(bar), "r"(parity)
+        : "memory");
+  } while (!done);
+}
+// `bytes` (a multiple of 16) from global to shared by the copy engine; completion counted on `bar`.
+__device__ __forceinline__ void bulk_copy(uint32_t dst, const void* src, uint32_t bytes, uint32_t bar) {
+  asm volatile("cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];\n" ::"r"(dst),
+               "l"(src), "r"(bytes), "r"(bar)
+               : "memory");
+}
+__device__ __forceinline__ uint4 lds128(uint32_t a) {
+  uint4 r;
+  asm volatile("ld.shared.v4.u32 {%0,%1,%2,%3}, [%4];\n" : "=r"(r.x), "=r"(r.y), "=r"(r.z), "=r"(r.w) : "r"(a));
+  return r;
+}
+__device__ __forceinline__ uint2 lds64(uint32_t a) {
+  uint2 r;
+  asm volatile("ld.shared.v2.u32 {%0,%1}, [%2];\n" : "=r"(r.x), "=r"(r.y) : "r"(a));
+  return r;
+}
+
+// Block = 8 computing warps (WN n-tiles x WK k-interleaved, as the ring kernel) + 1 producer
+// warp. Stage i of the block's k-slice holds k-tile rows kt0 + 8i .. + 7 of its n-tiles, their
+// scale bytes and the activations of those 128 k; rows >= M are zero (written once), as are
+// activations past k_in (written by the producer before it hands the stage to the copies).
+template <bool kBf16, int MT>
+__global__ void __launch_bounds__(kThreads + 32, MT <= 2 ? 2 : 1) fp4_gemv_tma_kernel(const GemvParams p,
+                                                                                      const int stages) {
+#if !defined(__CUDA_ARCH__) || __CUDA_ARCH__ >= 900
+  using S = TmaSmem<MT>;
+  extern __shared__ __align__(128) uint32_t smem[];
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+  const int wn = p.wn, wk = kWarps / wn;
+  const int n_tiles = p.N / 64, k_tiles = p.K / 16;
+  const int nt0 = blockIdx.x * wn, nts = min(wn, n_tiles - nt0);
+  const int kt0 = blockIdx.y * p.kt_per_split;
+  const int kt1 = min(k_tiles, kt0 + p.kt_per_split);
+  const int n_stages = (kt1 - kt0 + kStageRows - 1) / kStageRows;
+  const int rows = min(p.M, 8 * MT);
+  const int row_w = 512 * wn, row_s = 64 * wn;  // bytes of one k-tile row of the block's n-tiles
+  const int w_bytes = kStageRows * row_w, s_bytes = kStageRows * row_s;
+  const int stage_bytes = S::stage_bytes(wn);
+  const uint32_t base = static_cast<uint32_t>(__cvta_generic_to_shared(smem));
+  const uint32_t stage0 = base + kBarBytes;
+  auto full = [&](int st) { return base + 8u * st; };
+  auto empty = [&](int st) { return base + 8u * (8 + st); };
+  uint8_t* sm = reinterpret_cast<uint8_t*>(smem);
+
+  for (int st = 0; st < stages; ++st) {  // activation rows >= M: zero for good
+    uint8_t* xs = sm + kBarBytes + st * stage_bytes + w_bytes + s_bytes;
+    for (int idx = threadIdx.x; idx < S::kXBytes / 16; idx += blockDim.x)
+      if (idx / (S::kXRow / 8) >= rows) reinterpret_cast<uint4*>(xs)[idx] = make_uint4(0, 0, 0, 0);
+  }
+  if (threadIdx.x == 0) {
+    for (int st = 0; st < stages; ++st) {
+      mbar_init(full(st), 1);
+      mbar_init(empty(st), kWarps);
+    }
+    asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
+  }
+  asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
   __syncthreads();
 
-  const int n_base = blockIdx.x * cols;
-  float gmul;
-  {
-    const uint16_t gb = *p.gscale;
-    if constexpr (kBf16) {
-      gmul = __bfloat162float(__ushort_as_bfloat16(gb)) * 0x1p-15f;  // operand scale 2^-104
-    } else {
-      gmul = __half2float(__ushort_as_half(gb));  // operand scale 2^-7
+  float acc[4][MT][4];
+#pragma unroll
+  for (int j = 0; j < 4; ++j)
+#pragma unroll
+    for (int mt = 0; mt < MT; ++mt)
+#pragma unroll
+      for (int e = 0; e < 4; ++e) acc[j][mt][e] = 0.f;
+
+  if (warp == kWarps) {  // the producer
+    const char* wsrc = reinterpret_cast<const char*>(p.qweight) + (size_t)nt0 * 512;
+    const uint8_t* ssrc = p.scales + (size_t)nt0 * 64;
+    const char* xsrc = reinterpret_cast<const char*>(p.x);
+    for (int i = 0; i < n_stages; ++i) {
+      const int st = i % stages;
+      if (i >= stages) mbar_wait(empty(st), ((i / stages) - 1) & 1);
+      const int r0 = kt0 + i * kStageRows, nr = min(kStageRows, kt1 - r0);
+      const int kvalid = max(0, min(nr * 16, p.k_in - r0 * 16));  // activations that exist
+      const uint32_t sb = stage0 + st * stage_bytes, xs = sb + w_bytes + s_bytes;
+      const int pieces = (nr * 16 - kvalid) / 8;  // 16-byte pieces past k_in, per row
+      if (pieces > 0) {
+        uint8_t* xg = sm + kBarBytes + st * stage_bytes + w_bytes + s_bytes;
+        for (int idx = lane; idx < rows * pieces; idx += 32)
+          *reinterpret_cast<uint4*>(xg + (idx / pieces) * S::kXRow * 2 + kvalid * 2 + (idx % pieces) * 16) =
+              make_uint4(0, 0, 0, 0);
+        asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
+      }
+      __syncwarp();
+      if (lane == 0) {
+        mbar_expect_tx(full(st), (uint32_t)(nr * 576 * nts + rows * kvalid * 2));
+        for (int r = 0; r < nr; ++r) {
+          const size_t kt = r0 + r;
+          bulk_copy(sb + r * row_w, wsrc + kt * p.N * 8, 512 * nts, full(st));
+          bulk_copy(sb + w_bytes + r * row_s, ssrc + kt * p.N, 64 * nts, full(st));
+        }
+        if (kvalid > 0)
+          for (int m = 0; m < rows; ++m)
+            bulk_copy(xs + m * S::kXRow * 2, xsrc + ((size_t)m * p.lda + r0 * 16) * 2, kvalid * 2, full(st));
+      }
+      __syncwarp();
+    }
+  } else {
+    const int warp_n = warp % wn, warp_k = warp / wn;
+    const bool n_ok = warp_n < nts;
+    const int g = lane / 4;
+    // ldmatrix row address of this lane inside a stage's activations (as the ring kernel's).
+    const uint32_t lm = w_bytes + s_bytes + 2u * ((lane % 8) * S::kXRow + ((lane / 8) % 2) * 8);
+    for (int i = 0; i < n_stages; ++i) {
+      const int st = i % stages;
+      mbar_wait(full(st), (i / stages) & 1);
+      const int nr = min(kStageRows, kt1 - (kt0 + i * kStageRows));
+      const uint32_t sb = stage0 + st * stage_bytes;
+      if (n_ok) {
+#pragma unroll 2
+        for (int r = warp_k; r < nr; r += wk) {
+          const uint4 q = lds128(sb + r * row_w + warp_n * 512 + lane * 16);
+          const uint2 sc = lds64(sb + w_bytes + r * row_s + warp_n * 64 + g * 8);
+          uint2 xb[MT];
+#pragma unroll
+          for (int mt = 0; mt < MT; ++mt) xb[mt] = ldmatrix_x2(sb + lm + mt * 16u * S::kXRow + 32u * r);
+          tile_mma<kBf16, MT>(acc, q, sc, xb);
+        }
+      }
+      __syncwarp();
+      if (lane == 0) mbar_arrive(empty(st));
     }
   }
-  const int splits = gridDim.y;
-  if (splits > 1) {
-    float* part = p.ws + (size_t)blockIdx.y * p.M * p.N;
-    for (int idx = threadIdx.x; idx < rows * cols; idx += kThreads) {
-      const int m = idx / cols, nl = idx % cols;
-      if (n_base + nl < p.N) part[(size_t)m * p.N + n_base + nl] = fsm[m * S::kCStride + nl];
-    }
-    __threadfence();
-    __syncthreads();
-    __shared__ int last;
-    if (threadIdx.x == 0) last = atomicAdd(p.counters + blockIdx.x, 1) == splits - 1;
-    __syncthreads();
-    if (!last) return;
-    __threadfence();
+  // Every copy has landed (the computing warps waited for each stage): the stages' memory is
+  // free for the end's reduction and staging.
+  finish<kBf16, MT, S::kCStride>(p, acc, reinterpret_cast<float*>(sm + kBarBytes), rows);
+#else
+  __trap();  // launched only on SM90 (fp4_gemv picks the ring kernel below it)
+#endif
+}
+
+template <bool kBf16, int MT>
+cudaError_t launch_tma(const GemvParams& p, int splits, cudaStream_t stream) {
+  using S = TmaSmem<MT>;
+  if (p.wn > S::kMaxWn) return cudaErrorInvalidValue;
+  static bool attr_set = false;  // one per instantiation: the largest of its wn
+  if (!attr_set) {
+    int most = 0;
+    for (int wn = 1; wn <= S::kMaxWn; wn *= 2) most = S::bytes(wn) > most ? S::bytes(wn) : most;
+    cudaError_t e =
+        cudaFuncSetAttribute(fp4_gemv_tma_kernel<kBf16, MT>, cudaFuncAttributeMaxDynamicSharedMemorySize, most);
+    if (e != cudaSuccess) return e;
+    attr_set = true;
   }
-  for (int idx = threadIdx.x; idx < rows * cols; idx += kThreads) {
-    const int m = idx / cols, n = n_base + idx % cols;
-    if (n >= p.n_out) continue;
-    float v;
-    if (splits > 1) {
-      v = 0.f;
-      for (int s = 0; s < splits; ++s) v += __ldcg(p.ws + ((size_t)s * p.M + m) * p.N + n);
-    } else {
-      v = fsm[m * S::kCStride + idx % cols];
-    }
-    v *= gmul;
-    if (p.col_scale) v *= p.col_scale[n];
-    if (p.bias) v += act_to_float<kBf16>(p.bias, n);
-    store_act<kBf16>(p.out, (size_t)m * p.ldo + n, v);
-  }
-  if (splits > 1 && threadIdx.x == 0) p.counters[blockIdx.x] = 0;
+  const int groups = (p.N / 64 + p.wn - 1) / p.wn;
+  dim3 grid(groups, splits);
+  fp4_gemv_tma_kernel<kBf16, MT><<<grid, kThreads + 32, S::bytes(p.wn), stream>>>(p, S::stages(p.wn));
+  return cudaGetLastError();
 }
 
 template <bool kBf16, int MT, int U>
@@ -437,16 +662,42 @@ cudaError_t launch(const GemvParams& p, int splits, cudaStream_t stream) {
 constexpr int kMaxM = 64;
 inline int mt_for(int m) { return m <= 8 ? 1 : m <= 16 ? 2 : m <= 32 ? 4 : 8; }
 
+// Which loader fp4_gemv uses: -1 (default) the copy engine on SM90 and the register ring
+// below it; 0 the ring; 1 the copy engine (SM90 only). Set by fp4_gemv_loader (benchmarks).
+inline int g_loader = -1;
+
+inline bool use_copy_engine() {
+  if (g_loader >= 0) return g_loader == 1;
+  static int major = -1;  // the process's device generation, asked once
+  if (major < 0) {
+    int dev = 0;
+    if (cudaGetDevice(&dev) != cudaSuccess || cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev) != cudaSuccess)
+      major = 0;
+  }
+  return major >= 9;
+}
 }  // namespace fp4k
 
 extern "C" {
 
+
+// Select the gemv's loader (-1 by device, 0 register ring, 1 copy engine); returns the one
+// now in effect (0 or 1).
+int fp4_gemv_loader(int which) {
+  fp4k::g_loader = which < -1 || which > 1 ? -1 : which;
+  return fp4k::use_copy_engine() ? 1 : 0;
+}
+
 // Kernel shape for (M, N, K) on `sms` multiprocessors: wn n-tiles per block (1, 2, 4, 8) and
-// k-splits over blocks. Prefers full waves of blocks, >= 16 k-tiles per warp, then few splits.
+// k-splits over blocks. Prefers full waves of blocks and few splits; the ring wants >= 16
+// k-tiles per warp, the copy engine rows of >= 2 KB (wn >= 4: the probe's best) and >= 2
+// stages per split.
 int fp4_gemv_plan(int M, int N, int K, int sms, int* wn_out, int* splits_out) {
   if (M < 1 || M > fp4k::kMaxM || N % 64 || K % 16 || sms < 1) return 1;
   const int mt = fp4k::mt_for(M);
-  const int slots = sms * (mt <= 2 ? 2 : 1);
+  const bool tma = fp4k::use_copy_engine();
+  const int per_sm = tma ? (mt <= 2 ? 3 : 1) : (mt <= 2 ? 2 : 1);
+  const int slots = sms * per_sm;
   const int n_tiles = N / 64, k_tiles = K / 16;
   double best = -1.0;
   int best_wn = 8, best_s = 1;  // K too short for any candidate: one pass
@@ -454,12 +705,16 @@ int fp4_gemv_plan(int M, int N, int K, int sms, int* wn_out, int* splits_out) {
     for (int wn = mt >= 8 ? 4 : 8; wn >= 1; wn /= 2) {
       const int wk = 8 / wn;
       const int blocks = ((n_tiles + wn - 1) / wn) * s;
-      const double warp_kt = (double)k_tiles / s / wk;
-      if (warp_kt < 8.0) continue;
+      const double split_kt = (double)k_tiles / s, warp_kt = split_kt / wk;
+      if (tma ? split_kt < 2 * fp4k::kStageRows : warp_kt < 8.0) continue;
       const int waves = (blocks + slots - 1) / slots;
       double score = (double)blocks / ((double)waves * slots);  // fill of the last wave
-      if (warp_kt < 16.0) score *= 0.8;                         // short pipelines
-      score -= 0.01 * (s - 1) * (M > 8 ? 2 : 1);                // partial sums cost
+      if (tma) {
+        score *= wn >= 4 ? 1.0 : wn == 2 ? 0.85 : 0.6;  // small copies stream slower
+      } else if (warp_kt < 16.0) {
+        score *= 0.8;  // short pipelines
+      }
+      score -= 0.01 * (s - 1) * (M > 8 ? 2 : 1);  // partial sums cost
       if (score > best + 1e-9) {
         best = score;
         best_wn = wn;
@@ -518,7 +773,20 @@ int fp4_gemv(const void* x, int lda, int M, int k_in, const void* qweight, const
   cudaStream_t st = reinterpret_cast<cudaStream_t>(stream);
   const int mt = fp4k::mt_for(M);
   cudaError_t e;
-  if (is_bf16) {
+  // The copy engine reads 16-byte aligned rows: the scale bytes' start must be too.
+  if (fp4k::use_copy_engine() && (reinterpret_cast<uintptr_t>(scales) & 15) == 0) {
+    if (is_bf16) {
+      e = mt == 1 ? fp4k::launch_tma<true, 1>(p, splits, st)
+        : mt == 2 ? fp4k::launch_tma<true, 2>(p, splits, st)
+        : mt == 4 ? fp4k::launch_tma<true, 4>(p, splits, st)
+                  : fp4k::launch_tma<true, 8>(p, splits, st);
+    } else {
+      e = mt == 1 ? fp4k::launch_tma<false, 1>(p, splits, st)
+        : mt == 2 ? fp4k::launch_tma<false, 2>(p, splits, st)
+        : mt == 4 ? fp4k::launch_tma<false, 4>(p, splits, st)
+                  : fp4k::launch_tma<false, 8>(p, splits, st);
+    }
+  } else if (is_bf16) {
     e = mt == 1 ? fp4k::launch<true, 1, 8>(p, splits, st)
       : mt == 2 ? fp4k::launch<true, 2, 8>(p, splits, st)
       : mt == 4 ? fp4k::launch<true, 4, 8>(p, splits, st)

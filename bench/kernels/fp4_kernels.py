@@ -6,7 +6,8 @@ pointers and a stream. ``Fp4Linear`` runs one prepared NVFP4 layer (the Marlin l
 as ``prepare_nvfp4_layer_for_marlin`` leaves it) through them:
 
 * ``gemv``: M <= 64, the mma.sync GEMV of fp4_gemv.cu with the fused epilogue
-  (out = acc * g * col_scale + bias, rounded once);
+  (out = acc * g * col_scale + bias, rounded once); on SM90 its weights arrive by the copy
+  engine (``Kernels.loader`` selects the register ring instead, as below SM90);
 * ``prefill``: the layout dequantized into a bounded scratch, chunk by chunk over N, each chunk
   a cuBLAS GEMM (``torch.addmm``: alpha = the global scale, the bias in its epilogue; a
   column scale is folded into the chunk's weights);
@@ -97,6 +98,8 @@ class Kernels:
         lib.fp4_gemv.restype = i
         lib.fp4_gemv_plan.argtypes = [i, i, i, i, ctypes.POINTER(i), ctypes.POINTER(i)]
         lib.fp4_gemv_plan.restype = i
+        lib.fp4_gemv_loader.argtypes = [i]
+        lib.fp4_gemv_loader.restype = i
         lib.fp4_dequant.argtypes = [p, p, p, f, i, i, i, i, i, p, i, i, p]
         lib.fp4_dequant.restype = i
         lib.fp4k_error_string.argtypes = [i]
@@ -107,6 +110,11 @@ class Kernels:
     def check(self, rc: int, what: str) -> None:
         if rc != 0:
             raise RuntimeError(f"{what}: {self.lib.fp4k_error_string(rc).decode()} (code {rc})")
+
+    def loader(self, which: int = -1) -> str:
+        """Select the gemv's weight loader: -1 by device (the copy engine on SM90), 0 the
+        register ring, 1 the copy engine; returns the one in effect ("ring" or "copy")."""
+        return ("ring", "copy")[self.lib.fp4_gemv_loader(which)]
 
     def plan(self, m: int, n: int, k: int, sms: int) -> tuple[int, int]:
         wn, splits = ctypes.c_int(), ctypes.c_int()

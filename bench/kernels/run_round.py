@@ -228,10 +228,13 @@ def check_shape(name: str, kernels: fk.Kernels, w: Any, g: float, t: fk.Prepared
             paths += [(f"prefill_overlap chunk_n={small}", lin, ref,
                        {"overlap": True, "chunk_n": small}),
                       ("prefill_overlap+epilogue", lin_e, ref_e, {"overlap": True})]  # fmt: skip
+        if m <= fk.MAX_GEMV_M and kernels.loader() == "copy":
+            paths += [("gemv_ring", lin, ref, None), ("gemv_ring+epilogue", lin_e, ref_e, None)]
         for path, runner, r, cfg in paths:
             case: dict[str, Any] = {"shape": name, "dtype": str(dtype), "m": m, "path": path}
             try:
                 if path.startswith("gemv"):
+                    kernels.loader(0 if path.startswith("gemv_ring") else -1)
                     out, repeat, counters = run_gemv_checked(runner, x, cfg)
                     case.update(repeatable=repeat, counters_reset=counters == 0)
                 else:
@@ -245,6 +248,8 @@ def check_shape(name: str, kernels: fk.Kernels, w: Any, g: float, t: fk.Prepared
                                   and case.get("counters_reset", True))  # fmt: skip
             except Exception as exc:  # record and go on: one failure must not hide the rest
                 case.update(passed=False, error=f"{type(exc).__name__}: {exc}")
+            finally:
+                kernels.loader(-1)
             cases.append(case)
         if marlin is not None:
             cases.append(
@@ -265,8 +270,8 @@ def sweep_configs(lin: fk.Fp4Linear, m: int) -> list[tuple[int, int]]:
     n_tiles, k_tiles = lin.t.padded_n // 64, lin.t.padded_k // 16
     auto = lin.plan(m)
     out = []
-    for wn in (1, 2, 8):
-        for s in (1, 2, 4, 8, 16):
+    for wn in (1, 2, 4, 8):
+        for s in (1, 2, 3, 4, 6, 8, 12, 16):
             if k_tiles / s / (8 // wn) >= 4 and (wn, s) != auto and n_tiles >= wn:
                 out.append((wn, s))
     return out
@@ -313,6 +318,14 @@ def bench_new(kernels: fk.Kernels, base: fk.PreparedTensors, ms: Sequence[int], 
         if m <= fk.MAX_GEMV_M:
             res["gemv"] = timed([lambda lin=lin, x=x: lin.gemv(x) for lin in lins], replays)
             res["gemv_config"] = first.plan(m)
+            if kernels.loader() == "copy":  # the register ring beside (what SM80-89 run)
+                kernels.loader(0)
+                try:
+                    first.reserve([m])  # the ring's own plan may split more
+                    res["gemv_ring"] = timed([lambda lin=lin, x=x: lin.gemv(x) for lin in lins],
+                                             replays)  # fmt: skip
+                finally:
+                    kernels.loader(-1)
             if sweep and m in SWEEP_MS:
                 res["sweep"] = {}
                 for c in sweep_configs(first, m):
@@ -398,15 +411,18 @@ def write_md(data: dict[str, Any], path: Path) -> None:
              f"Command: `{data['command']}`", "", f"Method: {data['method']}", "",
              "Times in microseconds (median). new = the fastest new path at that M "
              "(gemv: M <= 64; prefill: dequant into scratch + cuBLAS). Ratios > 1: new is faster.",
-             "", "| shape | N | K | M | Marlin | new | path | gemv | prefill | bf16 | roofline "
-             "| Marlin/new | bf16/new | roof/new |",
-             "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]  # fmt: skip
+             "gemv ring: the gemv with its register-ring loader (SM80-89's; on SM90 the copy "
+             "engine loads its weights), timed beside.",
+             "", "| shape | N | K | M | Marlin | new | path | gemv | gemv ring | prefill | bf16 "
+             "| roofline | Marlin/new | bf16/new | roof/new |",
+             "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]  # fmt: skip
     for r in data["rows"]:
         p = r["paths_us"]
         new = r.get("new_us")
         lines.append(
             f"| {r['shape']} | {r['n']} | {r['k']} | {r['m']} | {fmt(r['marlin_us'])} | "
             f"{fmt(new)} | {r.get('new_path', '-')} | {fmt(p.get('gemv'))} | "
+            f"{fmt(r.get('gemv_ring_us'))} | "
             f"{fmt(min([v for k, v in p.items() if k.startswith('prefill') and v] or [None]))} | "
             f"{fmt(r['bf16_us'])} | {fmt(r['roofline_us'])} | "
             f"{fmt(r['marlin_us'] / new if new else None, '.2f')} | "
@@ -443,6 +459,7 @@ def shape_rows(shape: str, n: int, k: int, ms: Sequence[int], bw: float, marlin:
             "roofline_us": bfm.roofline_us(m, n, k, bw),
             "roofline_m1_us": bfm.roofline_us(1, n, k, bw),
             "paths_us": paths, "gemv_config": res.get("gemv_config"),
+            "gemv_ring_us": res["gemv_ring"][0] if "gemv_ring" in res else None,
             "new_us": paths[best_path] if best_path else None, "new_path": best_path,
         })  # fmt: skip
     return rows

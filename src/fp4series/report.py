@@ -17,6 +17,7 @@ speed and memory rows side by side with the reference. Its ``parallel`` records 
 same checkpoints on two GPUs, ``--tp 2`` and for the MoE ``--ep 2``) are checked where present:
 perplexity within ``E2E_PARALLEL_PPL_REL`` of the one-GPU NVFP4 run and top-1 agreement with it
 of at least ``E2E_PARALLEL_TOP1_MIN``; where absent they are reported as pending, not as a failure.
+The kernel rounds under ``kernels/`` (issue 23) are checked by ``fp4series.kernel_reports``.
 
 A maintained series line keeps its reports in ``reports/h200/<V>/`` (``check-reports --line V``,
 found from the directory's name too), made by ``scripts/gpu-proof.sh --line V``: numerics,
@@ -1155,6 +1156,10 @@ def check_report_dir(
     e2e = _load(report_dir / "e2e.json", problems)
     if e2e is not None:
         check_e2e(e2e, problems, pending)
+    if line is None and (report_dir / "kernels").is_dir():
+        from fp4series.kernel_reports import check_kernel_rounds
+
+        check_kernel_rounds(report_dir / "kernels", problems)
     return problems
 
 

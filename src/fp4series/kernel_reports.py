@@ -1,0 +1,117 @@
+"""The kernel rounds' reports (issue 23): ``reports/h200/kernels/round-*/``.
+
+Each GPU round of ``bench/kernels/run_round.py`` writes ``kernels.json`` (every check and
+timing), ``kernels.md``, ``dispatch.json`` and ``build.txt``. CI cannot rerun a round, so this
+checks what a committed round claims: the run's metadata (command, series revision, device),
+that it ran to the end, every gated numerics case and layout check passed, every timing is
+positive and none beats the HBM roofline (weights served from L2), and that the dispatch in
+``bench/kernels/fp4_kernels.py`` names a round that is committed.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+ROUND_FILES = ("kernels.json", "kernels.md", "dispatch.json", "build.txt")
+ROUND_GLOB = "round-*"
+DISPATCH_SOURCE = re.compile(r'DISPATCH_SOURCE = "measured: (\S+)')
+TIMING_FIELDS = ("marlin_us", "bf16_us", "roofline_us")
+
+
+def _positive(value: object) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool) and value > 0
+
+
+def check_round(round_dir: Path, problems: list[str]) -> None:
+    """Problems of one round directory, each naming the round and the field."""
+    from fp4series.report import _check_meta, _load
+
+    name = f"{round_dir.name}/kernels.json"
+    for file in ROUND_FILES:
+        if not (round_dir / file).is_file():
+            problems.append(f"{round_dir.name}: {file} missing (run_round.py writes it)")
+    found: list[str] = []
+    data = _load(round_dir / "kernels.json", found)
+    problems += [f"{round_dir.name}/{p}" for p in found]
+    if data is None:
+        return
+    _check_meta(name, data, problems)
+    if data.get("complete") is not True:
+        problems.append(f"{name}: the round did not run to its end (complete is not true)")
+    if data.get("errors"):
+        problems.append(f"{name}: errors recorded: {data['errors']!r:.200}")
+    _check_cases(name, data, problems)
+    _check_rows(name, data, problems)
+
+
+def _check_cases(name: str, data: Mapping[str, Any], problems: list[str]) -> None:
+    layout = data.get("layout_checks")
+    if not isinstance(layout, list) or not layout:
+        problems.append(f"{name}: layout_checks must be a non-empty list")
+    else:
+        for check in layout:
+            if not isinstance(check, Mapping) or check.get("passed") is not True:
+                what = check.get("check") if isinstance(check, Mapping) else check
+                problems.append(f"{name}: layout check failed: {what}")
+    cases = data.get("cases")
+    if not isinstance(cases, list) or not cases:
+        problems.append(f"{name}: cases must be a non-empty list")
+        return
+    gated = [c for c in cases if isinstance(c, Mapping) and "passed" in c]
+    if not any(str(c.get("path", "")).startswith("gemv") for c in gated):
+        problems.append(f"{name}: no gated gemv case")
+    for case in gated:
+        if case.get("passed") is not True:
+            problems.append(
+                f"{name}: case failed: {case.get('shape')} {case.get('dtype')} "
+                f"m={case.get('m')} {case.get('path')} (rel_l2 {case.get('rel_l2')}"
+                f"{', ' + str(case['error']) if case.get('error') else ''})"
+            )
+
+
+def _check_rows(name: str, data: Mapping[str, Any], problems: list[str]) -> None:
+    rows = data.get("rows")
+    if not isinstance(rows, list) or not rows:
+        problems.append(f"{name}: rows must be a non-empty list")
+        return
+    for i, row in enumerate(rows):
+        if not isinstance(row, Mapping):
+            problems.append(f"{name}: rows[{i}] is not an object")
+            continue
+        where = f"{name}: rows[{i}] ({row.get('shape')} m={row.get('m')})"
+        for field in TIMING_FIELDS:
+            if not _positive(row.get(field)):
+                problems.append(f"{where}: {field} missing or <= 0")
+        paths = row.get("paths_us")
+        if not isinstance(paths, Mapping):
+            problems.append(f"{where}: paths_us must be an object")
+            continue
+        roof = row.get("roofline_us")
+        for path, us in paths.items():
+            if not _positive(us):
+                problems.append(f"{where}: {path} time missing or <= 0")
+            elif _positive(roof) and us < 0.98 * roof:
+                problems.append(
+                    f"{where}: {path} {us:.2f} us beats the HBM roofline {roof:.2f} us: "
+                    "weights were served from L2"
+                )
+
+
+def check_kernel_rounds(kernels_dir: Path, problems: list[str], repo: Path | None = None) -> None:
+    """Every ``round-*`` under ``kernels_dir``, and the dispatch's measured source (read from
+    ``bench/kernels/fp4_kernels.py`` under ``repo``) among them."""
+    rounds = sorted(p for p in kernels_dir.glob(ROUND_GLOB) if p.is_dir())
+    if not rounds:
+        problems.append(f"{kernels_dir}: no {ROUND_GLOB} directory")
+    for round_dir in rounds:
+        check_round(round_dir, problems)
+    source = (repo or kernels_dir.parents[2]) / "bench" / "kernels" / "fp4_kernels.py"
+    if source.is_file():
+        m = DISPATCH_SOURCE.search(source.read_text())
+        if m is None:
+            problems.append(f"{source.name}: DISPATCH_SOURCE does not name a measured report")
+        elif not ((repo or kernels_dir.parents[2]) / m.group(1)).is_file():
+            problems.append(f"{source.name}: the dispatch's source {m.group(1)} is not committed")
