@@ -326,6 +326,11 @@ def bench_new(kernels: fk.Kernels, base: fk.PreparedTensors, ms: Sequence[int], 
                                              replays)  # fmt: skip
                 finally:
                     kernels.loader(-1)
+            if m in SWEEP_MS:  # the fused epilogue (column scale + bias) at the same M
+                epi = [fk.Fp4Linear(kernels, with_epilogue(lin.t, m, 1.0), buffers=first.buf)
+                       for lin in lins]  # fmt: skip
+                res["gemv+epilogue"] = timed([lambda lin=lin, x=x: lin.gemv(x) for lin in epi],
+                                             replays)  # fmt: skip
             if sweep and m in SWEEP_MS:
                 res["sweep"] = {}
                 for c in sweep_configs(first, m):
@@ -412,17 +417,18 @@ def write_md(data: dict[str, Any], path: Path) -> None:
              "Times in microseconds (median). new = the fastest new path at that M "
              "(gemv: M <= 64; prefill: dequant into scratch + cuBLAS). Ratios > 1: new is faster.",
              "gemv ring: the gemv with its register-ring loader (SM80-89's; on SM90 the copy "
-             "engine loads its weights), timed beside.",
-             "", "| shape | N | K | M | Marlin | new | path | gemv | gemv ring | prefill | bf16 "
-             "| roofline | Marlin/new | bf16/new | roof/new |",
-             "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]  # fmt: skip
+             "engine loads its weights), timed beside; gemv+epi: the gemv with a column scale "
+             "and a bias in its epilogue (M 1 and 16).",
+             "", "| shape | N | K | M | Marlin | new | path | gemv | gemv ring | gemv+epi "
+             "| prefill | bf16 | roofline | Marlin/new | bf16/new | roof/new |",
+             "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]  # fmt: skip
     for r in data["rows"]:
         p = r["paths_us"]
         new = r.get("new_us")
         lines.append(
             f"| {r['shape']} | {r['n']} | {r['k']} | {r['m']} | {fmt(r['marlin_us'])} | "
             f"{fmt(new)} | {r.get('new_path', '-')} | {fmt(p.get('gemv'))} | "
-            f"{fmt(r.get('gemv_ring_us'))} | "
+            f"{fmt(r.get('gemv_ring_us'))} | {fmt(r.get('gemv_epilogue_us'))} | "
             f"{fmt(min([v for k, v in p.items() if k.startswith('prefill') and v] or [None]))} | "
             f"{fmt(r['bf16_us'])} | {fmt(r['roofline_us'])} | "
             f"{fmt(r['marlin_us'] / new if new else None, '.2f')} | "
@@ -460,6 +466,7 @@ def shape_rows(shape: str, n: int, k: int, ms: Sequence[int], bw: float, marlin:
             "roofline_m1_us": bfm.roofline_us(1, n, k, bw),
             "paths_us": paths, "gemv_config": res.get("gemv_config"),
             "gemv_ring_us": res["gemv_ring"][0] if "gemv_ring" in res else None,
+            "gemv_epilogue_us": res["gemv+epilogue"][0] if "gemv+epilogue" in res else None,
             "new_us": paths[best_path] if best_path else None, "new_path": best_path,
         })  # fmt: skip
     return rows
