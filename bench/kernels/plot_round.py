@@ -1,0 +1,80 @@
+"""Plot one kernel round (kernels.json): speed-up over FP4 Marlin and share of the roofline by M.
+
+Left: Marlin's time / the fastest new path's time, one line per shape (above 1: the new path
+is faster; the dispatch takes Marlin below it). Right, M <= 64: the HBM roofline / time for the
+gemv (solid), its register-ring loader where the round timed it (dashed) and Marlin (dotted).
+
+Usage: python bench/kernels/plot_round.py reports/h200/kernels/round-N/kernels.json OUT.png
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from collections import defaultdict
+from pathlib import Path
+from typing import Any
+
+
+def series(rows: list[dict[str, Any]], value: Any) -> dict[str, list[tuple[int, float]]]:
+    """shape -> [(M, value(row))] where value gives a number, M ascending."""
+    out: dict[str, list[tuple[int, float]]] = defaultdict(list)
+    for row in rows:
+        v = value(row)
+        if v:
+            out[row["shape"]].append((int(row["m"]), float(v)))
+    return {shape: sorted(points) for shape, points in out.items()}
+
+
+def _ratio(num: Any, den: Any) -> float | None:
+    return float(num) / float(den) if num and den else None
+
+
+def plot_round(data: dict[str, Any], out: Path) -> Path:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    rows = data["rows"]
+    fig, (left, right) = plt.subplots(1, 2, figsize=(15, 6))
+    colors: dict[str, Any] = {}
+    for shape, pts in series(rows, lambda r: _ratio(r["marlin_us"], r.get("new_us"))).items():
+        (line,) = left.plot(*zip(*pts, strict=True), marker="o", label=shape)
+        colors[shape] = line.get_color()
+    left.axhline(1.0, color="black", linewidth=0.8)
+    left.set(xscale="log", xlabel="M (rows)", ylabel="FP4 Marlin time / new path time",
+             title="new paths against FP4 Marlin")  # fmt: skip
+    small = [r for r in rows if r["m"] <= 64]
+    styles = (("paths_us", "-"), ("gemv_ring_us", "--"), ("marlin_us", ":"))
+    for key, style in styles:
+
+        def value(r: dict[str, Any], key: str = key) -> float | None:
+            t = r.get("paths_us", {}).get("gemv") if key == "paths_us" else r.get(key)
+            return _ratio(r["roofline_us"], t)
+
+        for shape, pts in series(small, value).items():
+            right.plot(*zip(*pts, strict=True), style, color=colors.get(shape), marker=".")
+    right.set(xscale="log", xlabel="M (rows)", ylabel="HBM roofline / time",
+              title="share of the roofline, M <= 64: gemv (solid), its register ring "
+                    "(dashed), Marlin (dotted)")  # fmt: skip
+    right.title.set_fontsize(9)
+    left.legend(fontsize=8)
+    fig.suptitle(f"{data.get('device')}: {data.get('command')}", fontsize=9)
+    fig.tight_layout()
+    fig.savefig(out, dpi=110)
+    plt.close(fig)
+    return out
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = sys.argv[1:] if argv is None else argv
+    if len(args) != 2:
+        print(__doc__.split("Usage: ")[1].strip(), file=sys.stderr)
+        return 2
+    print(plot_round(json.loads(Path(args[0]).read_text()), Path(args[1])))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
