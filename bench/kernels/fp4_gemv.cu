@@ -450,6 +450,8 @@ constexpr int kStageRows = 8;             // k-tile rows per stage
 constexpr int kStageBudget = 72 * 1024;   // bytes of stages per block: 3 blocks per SM at wn 4
 constexpr int kBarBytes = 128;            // full[8] and empty[8] mbarriers, before the stages
 
+constexpr int max3(int a, int b, int c) { return a > b ? (a > c ? a : c) : (b > c ? b : c); }
+
 template <int MT>
 struct TmaSmem {
   static constexpr int kXRow = kStageRows * 16 + 8;  // halves per activation row (+16 B: banks)
@@ -457,14 +459,11 @@ struct TmaSmem {
   static constexpr int kMaxWn = MT >= 8 ? 4 : 8;
   static constexpr int kCStride = kMaxWn * 64 + 4;
   __host__ __device__ static constexpr int stage_bytes(int wn) { return kStageRows * 576 * wn + kXBytes; }
-  static int stages(int wn) {
-    const int s = kStageBudget / stage_bytes(wn);
-    return s < 2 ? 2 : s > 8 ? 8 : s;
+  __host__ __device__ static constexpr int stages(int wn) {
+    return kStageBudget / stage_bytes(wn) < 2 ? 2 : kStageBudget / stage_bytes(wn) > 8 ? 8 : kStageBudget / stage_bytes(wn);
   }
-  static int bytes(int wn) {
-    const int pipe = stages(wn) * stage_bytes(wn);
-    const int red = (kWarps - wn) * 16 * MT * 32 * 4, c = 8 * MT * kCStride * 4;
-    return kBarBytes + (pipe > red ? (pipe > c ? pipe : c) : (red > c ? red : c));
+  static constexpr int bytes(int wn) {
+    return kBarBytes + max3(stages(wn) * stage_bytes(wn), (kWarps - wn) * 16 * MT * 32 * 4, 8 * MT * kCStride * 4);
   }
 };
 
@@ -509,23 +508,23 @@ __device__ __forceinline__ uint2 lds64(uint32_t a) {
 // warp. Stage i of the block's k-slice holds k-tile rows kt0 + 8i .. + 7 of its n-tiles, their
 // scale bytes and the activations of those 128 k; rows >= M are zero (written once), as are
 // activations past k_in (written by the producer before it hands the stage to the copies).
-template <bool kBf16, int MT>
-__global__ void __launch_bounds__(kThreads + 32, MT <= 2 ? 2 : 1) fp4_gemv_tma_kernel(const GemvParams p,
-                                                                                      const int stages) {
+template <bool kBf16, int MT, int WN>
+__global__ void __launch_bounds__(kThreads + 32, MT <= 2 ? 2 : 1) fp4_gemv_tma_kernel(const GemvParams p) {
 #if !defined(__CUDA_ARCH__) || __CUDA_ARCH__ >= 900
   using S = TmaSmem<MT>;
   extern __shared__ __align__(128) uint32_t smem[];
+  constexpr int wn = WN, wk = kWarps / WN;
+  constexpr int stages = S::stages(WN);
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
-  const int wn = p.wn, wk = kWarps / wn;
   const int n_tiles = p.N / 64, k_tiles = p.K / 16;
   const int nt0 = blockIdx.x * wn, nts = min(wn, n_tiles - nt0);
   const int kt0 = blockIdx.y * p.kt_per_split;
   const int kt1 = min(k_tiles, kt0 + p.kt_per_split);
   const int n_stages = (kt1 - kt0 + kStageRows - 1) / kStageRows;
   const int rows = min(p.M, 8 * MT);
-  const int row_w = 512 * wn, row_s = 64 * wn;  // bytes of one k-tile row of the block's n-tiles
-  const int w_bytes = kStageRows * row_w, s_bytes = kStageRows * row_s;
-  const int stage_bytes = S::stage_bytes(wn);
+  constexpr int row_w = 512 * wn, row_s = 64 * wn;  // bytes of one k-tile row of the block's n-tiles
+  constexpr int w_bytes = kStageRows * row_w, s_bytes = kStageRows * row_s;
+  constexpr int stage_bytes = S::stage_bytes(wn);
   const uint32_t base = static_cast<uint32_t>(__cvta_generic_to_shared(smem));
   const uint32_t stage0 = base + kBarBytes;
   auto full = [&](int st) { return base + 8u * st; };
@@ -598,16 +597,24 @@ __global__ void __launch_bounds__(kThreads + 32, MT <= 2 ? 2 : 1) fp4_gemv_tma_k
       mbar_wait(full(st), (i / stages) & 1);
       const int nr = min(kStageRows, kt1 - (kt0 + i * kStageRows));
       const uint32_t sb = stage0 + st * stage_bytes;
-      if (n_ok) {
-#pragma unroll 2
-        for (int r = warp_k; r < nr; r += wk) {
-          const uint4 q = lds128(sb + r * row_w + warp_n * 512 + lane * 16);
-          const uint2 sc = lds64(sb + w_bytes + r * row_s + warp_n * 64 + g * 8);
-          uint2 xb[MT];
+      // This warp's tiles of the stage: rows warp_k, warp_k + WK, ... (WN of 8 in a full stage:
+      // unrolled, every shared address an offset of one base register).
+      const uint32_t wq0 = sb + warp_k * row_w + warp_n * 512 + lane * 16;
+      const uint32_t sq0 = sb + w_bytes + warp_k * row_s + warp_n * 64 + g * 8;
+      const uint32_t xq0 = sb + lm + 32u * warp_k;
+      auto one = [&](const int j) {
+        const uint4 q = lds128(wq0 + j * wk * row_w);
+        const uint2 sc = lds64(sq0 + j * wk * row_s);
+        uint2 xb[MT];
 #pragma unroll
-          for (int mt = 0; mt < MT; ++mt) xb[mt] = ldmatrix_x2(sb + lm + mt * 16u * S::kXRow + 32u * r);
-          tile_mma<kBf16, MT>(acc, q, sc, xb);
-        }
+        for (int mt = 0; mt < MT; ++mt) xb[mt] = ldmatrix_x2(xq0 + mt * 16u * S::kXRow + 32u * wk * j);
+        tile_mma<kBf16, MT>(acc, q, sc, xb);
+      };
+      if (n_ok && nr == kStageRows) {
+#pragma unroll
+        for (int j = 0; j < kStageRows / wk; ++j) one(j);
+      } else if (n_ok) {
+        for (int j = 0; warp_k + wk * j < nr; ++j) one(j);
       }
       __syncwarp();
       if (lane == 0) mbar_arrive(empty(st));
@@ -621,23 +628,30 @@ __global__ void __launch_bounds__(kThreads + 32, MT <= 2 ? 2 : 1) fp4_gemv_tma_k
 #endif
 }
 
-template <bool kBf16, int MT>
-cudaError_t launch_tma(const GemvParams& p, int splits, cudaStream_t stream) {
-  using S = TmaSmem<MT>;
-  if (p.wn > S::kMaxWn) return cudaErrorInvalidValue;
-  static bool attr_set = false;  // one per instantiation: the largest of its wn
+template <bool kBf16, int MT, int WN>
+cudaError_t launch_tma_wn(const GemvParams& p, int splits, cudaStream_t stream) {
+  constexpr int bytes = TmaSmem<MT>::bytes(WN);
+  static bool attr_set = false;  // one per instantiation
   if (!attr_set) {
-    int most = 0;
-    for (int wn = 1; wn <= S::kMaxWn; wn *= 2) most = S::bytes(wn) > most ? S::bytes(wn) : most;
     cudaError_t e =
-        cudaFuncSetAttribute(fp4_gemv_tma_kernel<kBf16, MT>, cudaFuncAttributeMaxDynamicSharedMemorySize, most);
+        cudaFuncSetAttribute(fp4_gemv_tma_kernel<kBf16, MT, WN>, cudaFuncAttributeMaxDynamicSharedMemorySize, bytes);
     if (e != cudaSuccess) return e;
     attr_set = true;
   }
-  const int groups = (p.N / 64 + p.wn - 1) / p.wn;
-  dim3 grid(groups, splits);
-  fp4_gemv_tma_kernel<kBf16, MT><<<grid, kThreads + 32, S::bytes(p.wn), stream>>>(p, S::stages(p.wn));
+  dim3 grid((p.N / 64 + WN - 1) / WN, splits);
+  fp4_gemv_tma_kernel<kBf16, MT, WN><<<grid, kThreads + 32, bytes, stream>>>(p);
   return cudaGetLastError();
+}
+
+// The copy-engine kernel is built for blocks of 4 and 8 n-tiles (rows of 2 and 4 KB; narrower
+// rows stream slower, bw_probe.cu); MT = 8 takes 4 at most, as the ring kernel.
+template <bool kBf16, int MT>
+cudaError_t launch_tma(const GemvParams& p, int splits, cudaStream_t stream) {
+  if (p.wn == 4) return launch_tma_wn<kBf16, MT, 4>(p, splits, stream);
+  if constexpr (MT < 8) {
+    if (p.wn == 8) return launch_tma_wn<kBf16, MT, 8>(p, splits, stream);
+  }
+  return cudaErrorInvalidValue;
 }
 
 template <bool kBf16, int MT, int U>
@@ -688,33 +702,48 @@ int fp4_gemv_loader(int which) {
   return fp4k::use_copy_engine() ? 1 : 0;
 }
 
-// Kernel shape for (M, N, K) on `sms` multiprocessors: wn n-tiles per block (1, 2, 4, 8) and
-// k-splits over blocks. Prefers full waves of blocks and few splits; the ring wants >= 16
-// k-tiles per warp, the copy engine rows of >= 2 KB (wn >= 4: the probe's best) and >= 2
-// stages per split.
+// Kernel shape for (M, N, K) on `sms` multiprocessors: wn n-tiles per block and k-splits over
+// blocks. The copy engine: wn 4 or 8, one wave; the ring: wn 1-8, full waves of blocks, >= 16
+// k-tiles per warp, few splits.
 int fp4_gemv_plan(int M, int N, int K, int sms, int* wn_out, int* splits_out) {
   if (M < 1 || M > fp4k::kMaxM || N % 64 || K % 16 || sms < 1) return 1;
   const int mt = fp4k::mt_for(M);
-  const bool tma = fp4k::use_copy_engine();
-  const int per_sm = tma ? (mt <= 2 ? 3 : 1) : (mt <= 2 ? 2 : 1);
-  const int slots = sms * per_sm;
   const int n_tiles = N / 64, k_tiles = K / 16;
   double best = -1.0;
-  int best_wn = 8, best_s = 1;  // K too short for any candidate: one pass
+  int best_wn = fp4k::use_copy_engine() ? 4 : 8, best_s = 1;  // K too short for any candidate
+  if (fp4k::use_copy_engine()) {
+    // Round 3's sweep (reports/h200/kernels/round-3): one wave of blocks at 2 per SM, rows of
+    // 8 n-tiles where N allows (4 KB copies), splits from a short list (even stages).
+    const int slots = 2 * sms;
+    for (int s : {1, 2, 3, 4, 6, 8, 12, 16}) {
+      if (k_tiles < 16 * s) break;
+      for (int wn = mt >= 8 ? 4 : 8; wn >= 4; wn /= 2) {
+        const int blocks = ((n_tiles + wn - 1) / wn) * s;
+        const int waves = (blocks + slots - 1) / slots;
+        const double score = (double)blocks / ((double)waves * slots) * (wn == 8 ? 1.0 : 0.9) -
+                             0.001 * s - 0.1 * (waves - 1);
+        if (score > best + 1e-9) {
+          best = score;
+          best_wn = wn;
+          best_s = s;
+        }
+      }
+    }
+    *wn_out = best_wn;
+    *splits_out = best_s;
+    return 0;
+  }
+  const int slots = sms * (mt <= 2 ? 2 : 1);
   for (int s = 1; s <= k_tiles; ++s) {
     for (int wn = mt >= 8 ? 4 : 8; wn >= 1; wn /= 2) {
       const int wk = 8 / wn;
       const int blocks = ((n_tiles + wn - 1) / wn) * s;
-      const double split_kt = (double)k_tiles / s, warp_kt = split_kt / wk;
-      if (tma ? split_kt < 2 * fp4k::kStageRows : warp_kt < 8.0) continue;
+      const double warp_kt = (double)k_tiles / s / wk;
+      if (warp_kt < 8.0) continue;
       const int waves = (blocks + slots - 1) / slots;
       double score = (double)blocks / ((double)waves * slots);  // fill of the last wave
-      if (tma) {
-        score *= wn >= 4 ? 1.0 : wn == 2 ? 0.85 : 0.6;  // small copies stream slower
-      } else if (warp_kt < 16.0) {
-        score *= 0.8;  // short pipelines
-      }
-      score -= 0.01 * (s - 1) * (M > 8 ? 2 : 1);  // partial sums cost
+      if (warp_kt < 16.0) score *= 0.8;                         // short pipelines
+      score -= 0.01 * (s - 1) * (M > 8 ? 2 : 1);                // partial sums cost
       if (score > best + 1e-9) {
         best = score;
         best_wn = wn;
@@ -773,8 +802,9 @@ int fp4_gemv(const void* x, int lda, int M, int k_in, const void* qweight, const
   cudaStream_t st = reinterpret_cast<cudaStream_t>(stream);
   const int mt = fp4k::mt_for(M);
   cudaError_t e;
-  // The copy engine reads 16-byte aligned rows: the scale bytes' start must be too.
-  if (fp4k::use_copy_engine() && (reinterpret_cast<uintptr_t>(scales) & 15) == 0) {
+  // The copy engine reads 16-byte aligned rows (the scale bytes' start must be too) of 4 or
+  // 8 n-tiles; other widths (explicit wn 1, 2) run the ring kernel.
+  if (fp4k::use_copy_engine() && (reinterpret_cast<uintptr_t>(scales) & 15) == 0 && (wn == 4 || wn == 8)) {
     if (is_bf16) {
       e = mt == 1 ? fp4k::launch_tma<true, 1>(p, splits, st)
         : mt == 2 ? fp4k::launch_tma<true, 2>(p, splits, st)
