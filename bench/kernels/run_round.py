@@ -25,6 +25,7 @@ Usage: python bench/kernels/run_round.py --out DIR [--shapes a,b] [--ms 1,2,...]
 from __future__ import annotations
 
 import argparse
+import hashlib
 import json
 import math
 import os
@@ -561,6 +562,9 @@ def main(argv: Sequence[str] | None = None) -> int:
                 f"the same FP4 weights, gate {GATE}, outputs poisoned with NaN"),
         library=so.name, capability=list(cap), complete=False, errors=[], scratch={},
         shapes_skipped_for_budget=[], layout_checks=[], cases=[], rows=[], sweeps={},
+        # which kernels ran: series_revision names the series (on a GPU host, the bundle's)
+        kernel_sources={src.name: hashlib.sha256(src.read_bytes()).hexdigest()
+                        for src in fk.SOURCES},
     )  # fmt: skip
 
     def save() -> None:
