@@ -40,7 +40,8 @@ DEFAULT_SCRATCH_BYTES = 64 * 2**20
 # Round 1: Marlin is fastest at M <= 64 on every shape but o_8b at M <= 4 (gemv 5-10 %
 # ahead, not taken: within a re-run's spread), dequant + cuBLAS from M = 256 on every
 # shape; M = 65..255 was not measured, so the switch sits at the last M Marlin won.
-DISPATCH: dict[str, list[tuple[int, str]]] = {"*": [(64, "marlin"), (1 << 30, "prefill")]}
+OPEN_END = 1 << 30  # the last path's upper bound
+DISPATCH: dict[str, list[tuple[int, str]]] = {"*": [(64, "marlin"), (OPEN_END, "prefill")]}
 DISPATCH_SOURCE = "measured: reports/h200/kernels/round-1/dispatch.json (H200, 2026-12-03)"
 
 

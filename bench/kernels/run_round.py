@@ -406,8 +406,22 @@ def dispatch_table(rows: list[dict[str, Any]]) -> dict[str, Any]:
             best.append({"m": r["m"], "path": path, "us": cands[path]})
         crossovers = [(b["m"], b["path"]) for i, b in enumerate(best)
                       if i == 0 or b["path"] != best[i - 1]["path"]]  # fmt: skip
-        table[shape] = {"best": best, "crossovers": crossovers}
+        table[shape] = {"best": best, "crossovers": crossovers, "dispatch": dispatch_entries(best)}
     return table
+
+
+def dispatch_entries(best: list[dict[str, Any]]) -> list[list[Any]]:
+    """fp4_kernels.DISPATCH's form of one shape's winners: [upper M, path], each path up to the
+    last measured M it won (the next path from there on), the last one open-ended."""
+    entries: list[list[Any]] = []
+    for b in best:
+        if entries and entries[-1][1] == b["path"]:
+            entries[-1][0] = b["m"]
+        else:
+            entries.append([b["m"], b["path"]])
+    if entries:
+        entries[-1][0] = fk.OPEN_END
+    return entries
 
 
 # ----------------------------------------------------------------------------- main

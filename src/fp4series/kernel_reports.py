@@ -5,11 +5,14 @@ timing), ``kernels.md``, ``dispatch.json`` and ``build.txt``. CI cannot rerun a 
 checks what a committed round claims: the run's metadata (command, series revision, device),
 that it ran to the end, every gated numerics case and layout check passed, every timing is
 positive and none beats the HBM roofline (weights served from L2), and that the dispatch in
-``bench/kernels/fp4_kernels.py`` names a round that is committed.
+``bench/kernels/fp4_kernels.py`` names a round that is committed and, where that round's
+``dispatch.json`` gives per-shape entries, holds exactly those.
 """
 
 from __future__ import annotations
 
+import ast
+import json
 import re
 from collections.abc import Mapping
 from pathlib import Path
@@ -19,6 +22,7 @@ ROUND_FILES = ("kernels.json", "kernels.md", "dispatch.json", "build.txt")
 ROUND_GLOB = "round-*"
 DISPATCH_SOURCE = re.compile(r'DISPATCH_SOURCE = "measured: (\S+)')
 TIMING_FIELDS = ("marlin_us", "bf16_us", "roofline_us")
+OPEN_END = 1 << 30  # fp4_kernels.OPEN_END: the last path's upper bound
 
 
 def _positive(value: object) -> bool:
@@ -108,10 +112,52 @@ def check_kernel_rounds(kernels_dir: Path, problems: list[str], repo: Path | Non
         problems.append(f"{kernels_dir}: no {ROUND_GLOB} directory")
     for round_dir in rounds:
         check_round(round_dir, problems)
-    source = (repo or kernels_dir.parents[2]) / "bench" / "kernels" / "fp4_kernels.py"
-    if source.is_file():
-        m = DISPATCH_SOURCE.search(source.read_text())
-        if m is None:
-            problems.append(f"{source.name}: DISPATCH_SOURCE does not name a measured report")
-        elif not ((repo or kernels_dir.parents[2]) / m.group(1)).is_file():
-            problems.append(f"{source.name}: the dispatch's source {m.group(1)} is not committed")
+    root = repo or kernels_dir.parents[2]
+    source = root / "bench" / "kernels" / "fp4_kernels.py"
+    if not source.is_file():
+        return
+    text = source.read_text()
+    m = DISPATCH_SOURCE.search(text)
+    if m is None:
+        problems.append(f"{source.name}: DISPATCH_SOURCE does not name a measured report")
+    elif not (root / m.group(1)).is_file():
+        problems.append(f"{source.name}: the dispatch's source {m.group(1)} is not committed")
+    else:
+        _check_dispatch(source.name, dispatch_in_code(text), root / m.group(1), problems)
+
+
+class _OpenEnd(ast.NodeTransformer):
+    def visit_Name(self, node: ast.Name) -> ast.AST:
+        return ast.Constant(OPEN_END) if node.id == "OPEN_END" else node
+
+
+def dispatch_in_code(text: str) -> dict[str, list[tuple[int, str]]] | None:
+    """The DISPATCH literal of fp4_kernels.py (OPEN_END read as its value); None if absent."""
+    for node in ast.parse(text).body:
+        target = node.target if isinstance(node, ast.AnnAssign) else None
+        if isinstance(node, ast.Assign) and len(node.targets) == 1:
+            target = node.targets[0]
+        if isinstance(target, ast.Name) and target.id == "DISPATCH" and node.value is not None:
+            value = ast.literal_eval(_OpenEnd().visit(node.value))
+            return {k: [tuple(e) for e in v] for k, v in value.items()}
+    return None
+
+
+def _check_dispatch(name: str, code: dict[str, list[tuple[int, str]]] | None, measured: Path,
+                    problems: list[str]) -> None:  # fmt: skip
+    if code is None or "*" not in code:
+        problems.append(f"{name}: DISPATCH must hold a '*' entry (shapes the round did not time)")
+        return
+    try:
+        shapes = json.loads(measured.read_text()).get("shapes", {})
+    except (json.JSONDecodeError, AttributeError) as exc:
+        problems.append(f"{measured.name}: not a dispatch table: {exc}")
+        return
+    for shape, table in shapes.items():
+        entries = table.get("dispatch") if isinstance(table, Mapping) else None
+        if entries is None:
+            continue  # an older round: crossovers only
+        want = [tuple(e) for e in entries]
+        if code.get(shape) != want:
+            problems.append(f"{name}: DISPATCH[{shape!r}] is {code.get(shape)}, the round "
+                            f"measured {want}")  # fmt: skip

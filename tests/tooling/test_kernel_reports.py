@@ -91,3 +91,31 @@ def test_dispatch_source_must_be_committed(tmp_path: Path) -> None:
     )
     (problem,) = _problems(round_dir)
     assert "round-9/dispatch.json is not committed" in problem
+
+
+def _project_with_dispatch(tmp_path: Path, code_entries: str) -> Path:
+    round_dir, _ = _copy_round(tmp_path)
+    table = {"shapes": {"o_8b": {"dispatch": [[4, "gemv"], [64, "marlin"], [1 << 30, "prefill"]]}}}
+    (round_dir / "dispatch.json").write_text(json.dumps(table))
+    kernels = tmp_path / "bench" / "kernels"
+    kernels.mkdir(parents=True)
+    rel = (round_dir / "dispatch.json").relative_to(tmp_path)
+    (kernels / "fp4_kernels.py").write_text(
+        "OPEN_END = 1 << 30\n"
+        f"DISPATCH: dict[str, list[tuple[int, str]]] = {{{code_entries}}}\n"
+        f'DISPATCH_SOURCE = "measured: {rel} (H200)"\n'
+    )
+    return round_dir
+
+
+def test_dispatch_matches_its_round(tmp_path: Path) -> None:
+    entries = '"*": [(64, "marlin"), (OPEN_END, "prefill")], '
+    entries += '"o_8b": [(4, "gemv"), (64, "marlin"), (OPEN_END, "prefill")]'
+    assert _problems(_project_with_dispatch(tmp_path, entries)) == []
+
+
+def test_dispatch_differing_from_its_round_named(tmp_path: Path) -> None:
+    entries = '"*": [(64, "marlin"), (OPEN_END, "prefill")], '
+    entries += '"o_8b": [(8, "gemv"), (64, "marlin"), (OPEN_END, "prefill")]'
+    (problem,) = _problems(_project_with_dispatch(tmp_path, entries))
+    assert "DISPATCH['o_8b']" in problem and "measured [(4, 'gemv')" in problem
