@@ -295,9 +295,10 @@ def prefill_variants(lin: fk.Fp4Linear) -> dict[str, int]:
 
 def steady_clocks(seconds: float = WARMUP_S) -> None:
     """Stream copies for a while before a group of timings, so that each group starts from
-    the clocks of a memory-bound load, whatever ran before it: in round 3 the first group
-    timed after the bf16 GEMMs at M = 1024 (the gemv at M = 1) read 9-29 % slower on the
-    70B shapes than the same kernel with its epilogue timed two groups later."""
+    the clocks of a memory-bound load, whatever ran before it. In round 3 the group timed
+    first after the bf16 GEMMs at M = 1024 (the gemv at M = 1) read 19 % (down_70b) and 29 %
+    (gate_up_70b) slower than the same kernel with its epilogue timed two groups later; a
+    clock state the GEMMs leave is the suspicion, and bench_new times that group again last."""
     src = torch.empty(2**27, dtype=torch.float16, device="cuda")
     dst = torch.empty_like(src)
     end = time.monotonic() + seconds
