@@ -35,14 +35,35 @@ GLOBAL_SCALE_BIAS = {torch.float16: 14, torch.bfloat16: 126}
 MAX_GEMV_M = 64
 DEFAULT_SCRATCH_BYTES = 64 * 2**20
 
-# Which path serves which M (inclusive upper bounds), per layer shape name or "*", from the
-# crossovers a benchmark run measured (run_round.py, dispatch.json), named in DISPATCH_SOURCE.
-# Round 1: Marlin is fastest at M <= 64 on every shape but o_8b at M <= 4 (gemv 5-10 %
-# ahead, not taken: within a re-run's spread), dequant + cuBLAS from M = 256 on every
-# shape; M = 65..255 was not measured, so the switch sits at the last M Marlin won.
+# Which path serves which M (inclusive upper bounds), per layer shape name or "*", as a
+# benchmark run measured it (run_round.py's dispatch.json gives these lists; check-reports
+# holds them equal), named in DISPATCH_SOURCE. Round 3 (H200, the gemv's copy-engine loader):
+# the gemv wins at M = 1 on every shape (qkv_8b by 0.1 %) and up to M = 2-8 on the larger
+# ones, Marlin in between, dequant + cuBLAS from M = 64-256. Each path holds up to the last
+# M it won; M between measured points goes to the next path. "*" (shapes not timed) stays
+# on Marlin to M = 64. Measured on SM90 only: SM80-89 run the gemv's register ring, slower.
 OPEN_END = 1 << 30  # the last path's upper bound
-DISPATCH: dict[str, list[tuple[int, str]]] = {"*": [(64, "marlin"), (OPEN_END, "prefill")]}
-DISPATCH_SOURCE = "measured: reports/h200/kernels/round-1/dispatch.json (H200, 2026-12-03)"
+DISPATCH: dict[str, list[tuple[int, str]]] = {
+    "*": [(64, "marlin"), (OPEN_END, "prefill")],
+    "qkv_8b": [(1, "gemv"), (64, "marlin"), (OPEN_END, "prefill@64M")],
+    "o_8b": [(2, "gemv"), (32, "marlin"), (64, "prefill@64M"), (256, "prefill_overlap@64M"),
+             (OPEN_END, "prefill@64M")],
+    "gate_up_8b": [(4, "gemv"), (64, "marlin"), (256, "prefill@160M"),
+                   (OPEN_END, "prefill_overlap@64M")],
+    "down_8b": [(2, "gemv"), (64, "marlin"), (OPEN_END, "prefill@160M")],
+    "qkv_70b": [(1, "gemv"), (64, "marlin"), (256, "prefill@160M"),
+                (OPEN_END, "prefill_overlap@64M")],
+    "o_70b": [(1, "gemv"), (64, "marlin"), (256, "prefill@160M"),
+              (OPEN_END, "prefill_overlap@64M")],
+    "gate_up_70b": [(4, "gemv"), (64, "marlin"), (256, "prefill@160M"), (OPEN_END, "prefill@64M")],
+    "down_70b": [(8, "gemv"), (64, "marlin"), (256, "prefill@160M"), (OPEN_END, "prefill@64M")],
+}  # fmt: skip
+DISPATCH_SOURCE = "measured: reports/h200/kernels/round-3/dispatch.json (H200, 2026-12-03)"
+
+
+def dispatch_for(shape: str | None = None) -> list[tuple[int, str]]:
+    """The measured dispatch of a shape DISPATCH names, else the one for shapes not timed."""
+    return list(DISPATCH.get(shape or "*", DISPATCH["*"]))
 
 
 def arch_flag(capability: tuple[int, int]) -> str:
@@ -225,7 +246,7 @@ class Fp4Linear:
         if self.buf.counters.numel() < t.padded_n // 64:
             raise ValueError("shared buffers hold too few counters for this layer")
         self.chunk_n = self.rows_for(scratch_bytes)
-        self.dispatch = list(dispatch or DISPATCH["*"])
+        self.dispatch = list(dispatch or dispatch_for())
         self.marlin = marlin
 
     def rows_for(self, scratch_bytes: int) -> int:
