@@ -24,6 +24,8 @@
 #include <algorithm>
 #include <vector>
 
+#include "fp4_ptx.cuh"
+
 #define CHECK(x)                                                                         \
   do {                                                                                   \
     cudaError_t e_ = (x);                                                                \
@@ -35,6 +37,9 @@
 
 namespace {
 
+using fp4k::ld_scales;
+using fp4k::ld_weights;
+
 constexpr int kWarps = 8;
 constexpr double kRooflineBytesPerUs = 4.25e6;  // 4.25 TB/s, the benchmark's roofline
 
@@ -43,22 +48,6 @@ struct Layout {
   const uint8_t* s;   // [K/16][N]
   int N, K;
 };
-
-__device__ __forceinline__ void ld_w(uint4& r, const uint4* p, bool ok) {
-  asm volatile(
-      "{\n .reg .pred q;\n setp.ne.b32 q, %5, 0;\n"
-      " @q ld.global.nc.L1::no_allocate.L2::256B.v4.u32 {%0,%1,%2,%3}, [%4];\n}\n"
-      : "+r"(r.x), "+r"(r.y), "+r"(r.z), "+r"(r.w)
-      : "l"(p), "r"((int)ok));
-}
-
-__device__ __forceinline__ void ld_s(uint2& r, const uint8_t* p, bool ok) {
-  asm volatile(
-      "{\n .reg .pred q;\n setp.ne.b32 q, %3, 0;\n"
-      " @q ld.global.nc.L1::no_allocate.v2.u32 {%0,%1}, [%2];\n}\n"
-      : "+r"(r.x), "+r"(r.y)
-      : "l"(p), "r"((int)ok));
-}
 
 __global__ void copy_kernel(Layout l, uint32_t* sink) {
   const size_t w_units = (size_t)l.K / 16 * l.N / 2, s_units = (size_t)l.K / 16 * l.N / 16;
@@ -73,7 +62,7 @@ __global__ void copy_kernel(Layout l, uint32_t* sink) {
       const size_t j = i + u * blockDim.x;
       v[u] = make_uint4(0, 0, 0, 0);
       const bool ok = j < hi;
-      ld_w(v[u], (ok && j >= w_units) ? s4 + (j - w_units) : l.w + (ok ? j : 0), ok);
+      ld_weights(v[u], (ok && j >= w_units) ? s4 + (j - w_units) : l.w + (ok ? j : 0), ok);
     }
 #pragma unroll
     for (int u = 0; u < 4; ++u) acc ^= v[u].x ^ v[u].y ^ v[u].z ^ v[u].w;
@@ -99,8 +88,8 @@ __global__ void ring_kernel(Layout l, int wn, int kt_per_split, uint32_t* sink) 
     const bool ok = n_ok && kt < kt1;
     wq[s] = make_uint4(0, 0, 0, 0);
     sq[s] = make_uint2(0, 0);
-    ld_w(wq[s], wp + (ok ? kt : 0) * w_row, ok);
-    ld_s(sq[s], sp + (size_t)(ok ? kt : 0) * l.N, ok);
+    ld_weights(wq[s], wp + (ok ? kt : 0) * w_row, ok);
+    ld_scales(sq[s], sp + (size_t)(ok ? kt : 0) * l.N, ok);
   }
   uint32_t acc = 0;
   for (int base = kt0 + warp_k; base < kt1; base += wk * U) {
@@ -110,8 +99,8 @@ __global__ void ring_kernel(Layout l, int wn, int kt_per_split, uint32_t* sink) 
         acc ^= wq[s].x ^ wq[s].y ^ wq[s].z ^ wq[s].w ^ sq[s].x ^ sq[s].y;
         const int kn = base + wk * (s + U);
         const bool ok = n_ok && kn < kt1;
-        ld_w(wq[s], wp + (size_t)(ok ? kn : 0) * w_row, ok);
-        ld_s(sq[s], sp + (size_t)(ok ? kn : 0) * l.N, ok);
+        ld_weights(wq[s], wp + (size_t)(ok ? kn : 0) * w_row, ok);
+        ld_scales(sq[s], sp + (size_t)(ok ? kn : 0) * l.N, ok);
       }
     }
   }
@@ -121,34 +110,6 @@ __global__ void ring_kernel(Layout l, int wn, int kt_per_split, uint32_t* sink) 
 // --- bulk: the copy engine fills a shared-memory ring, consumers read it -------------------
 __device__ __forceinline__ uint32_t smem_u32(const void* p) {
   return static_cast<uint32_t>(__cvta_generic_to_shared(p));
-}
-__device__ __forceinline__ void mbar_init(uint64_t* b, int count) {
-  asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;\n" ::"r"(smem_u32(b)), "r"(count));
-}
-__device__ __forceinline__ void mbar_expect_tx(uint64_t* b, uint32_t bytes) {
-  asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;\n" ::"r"(smem_u32(b)), "r"(bytes)
-               : "memory");
-}
-__device__ __forceinline__ void mbar_arrive(uint64_t* b) {
-  asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];\n" ::"r"(smem_u32(b)) : "memory");
-}
-__device__ __forceinline__ void mbar_wait(uint64_t* b, uint32_t parity) {
-  uint32_t done;
-  do {
-    asm volatile(
-        "{\n .reg .pred p;\n mbarrier.try_wait.parity.shared::cta.b64 p, [%1], %2;\n"
-        " selp.u32 %0, 1, 0, p;\n}\n"
-        : "=r"(done)
-        : "r"(smem_u32(b)), "r"(parity)
-        : "memory");
-  } while (!done);
-}
-__device__ __forceinline__ void bulk_copy(void* dst, const void* src, uint32_t bytes, uint64_t* bar) {
-  asm volatile(
-      "cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];\n" ::"r"(
-          smem_u32(dst)),
-      "l"(src), "r"(bytes), "r"(smem_u32(bar))
-      : "memory");
 }
 
 constexpr int kStageRows = 8;  // k-tile rows per stage
@@ -172,8 +133,8 @@ __global__ void bulk_kernel(Layout l, int wn, int stages, int kt_per_split, uint
   const int n_stages = (kt1 - kt0 + kStageRows - 1) / kStageRows;
   if (threadIdx.x == 0) {
     for (int s = 0; s < stages; ++s) {
-      mbar_init(&full[s], 1);
-      mbar_init(&empty[s], kWarps);
+      fp4k::mbar_init(smem_u32(&full[s]), 1);
+      fp4k::mbar_init(smem_u32(&empty[s]), kWarps);
     }
     asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
   }
@@ -184,13 +145,14 @@ __global__ void bulk_kernel(Layout l, int wn, int stages, int kt_per_split, uint
       const uint8_t* ssrc = l.s + (size_t)nt0 * 64;
       for (int i = 0; i < n_stages; ++i) {
         const int st = i % stages;
-        if (i >= stages) mbar_wait(&empty[st], ((i / stages) - 1) & 1);
+        if (i >= stages) fp4k::mbar_wait(smem_u32(&empty[st]), ((i / stages) - 1) & 1);
         const int r0 = kt0 + i * kStageRows, rows = min(kStageRows, kt1 - r0);
-        mbar_expect_tx(&full[st], (uint32_t)rows * (512 + 64) * nts);
+        const uint32_t bar = smem_u32(&full[st]);
+        fp4k::mbar_expect_tx(bar, (uint32_t)rows * (512 + 64) * nts);
         for (int r = 0; r < rows; ++r) {
           const size_t kt = r0 + r;
-          bulk_copy(wbuf + ((size_t)st * kStageRows + r) * row_w, wsrc + kt * l.N * 8, 512 * nts, &full[st]);
-          bulk_copy(sbuf + ((size_t)st * kStageRows + r) * row_s, ssrc + kt * l.N, 64 * nts, &full[st]);
+          fp4k::bulk_copy(smem_u32(wbuf + ((size_t)st * kStageRows + r) * row_w), wsrc + kt * l.N * 8, 512 * nts, bar);
+          fp4k::bulk_copy(smem_u32(sbuf + ((size_t)st * kStageRows + r) * row_s), ssrc + kt * l.N, 64 * nts, bar);
         }
       }
     }
@@ -200,7 +162,7 @@ __global__ void bulk_kernel(Layout l, int wn, int stages, int kt_per_split, uint
   uint32_t acc = 0;
   for (int i = 0; i < n_stages; ++i) {
     const int st = i % stages;
-    mbar_wait(&full[st], (i / stages) & 1);
+    fp4k::mbar_wait(smem_u32(&full[st]), (i / stages) & 1);
     const int rows = min(kStageRows, kt1 - (kt0 + i * kStageRows));
     if (warp_n < nts) {
       for (int r = warp_k; r < rows; r += wk) {
@@ -212,7 +174,7 @@ __global__ void bulk_kernel(Layout l, int wn, int stages, int kt_per_split, uint
       }
     }
     __syncwarp();
-    if (lane == 0) mbar_arrive(&empty[st]);
+    if (lane == 0) fp4k::mbar_arrive(smem_u32(&empty[st]));
   }
   if (acc == 0x12345678u) sink[blockIdx.x] = acc;
 }

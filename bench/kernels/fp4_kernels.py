@@ -31,6 +31,7 @@ import torch
 
 HERE = Path(__file__).resolve().parent
 SOURCES = (HERE / "fp4_gemv.cu", HERE / "fp4_dequant.cu")
+HEADERS = (HERE / "fp4_ptx.cuh",)  # in the build's hash: a changed header rebuilds
 GLOBAL_SCALE_BIAS = {torch.float16: 14, torch.bfloat16: 126}
 MAX_GEMV_M = 64
 DEFAULT_SCRATCH_BYTES = 64 * 2**20
@@ -93,7 +94,7 @@ def build(out_dir: Path, capability: tuple[int, int], extra: Sequence[str] = ())
     """
     flag = arch_flag(capability)
     h = hashlib.sha256(flag.encode() + "\0".join(extra).encode())
-    for src in SOURCES:
+    for src in (*SOURCES, *HEADERS):
         h.update(src.read_bytes())
     tag = h.hexdigest()[:12]
     out_dir.mkdir(parents=True, exist_ok=True)
