@@ -80,6 +80,8 @@ __global__ void ring_kernel(Layout l, int wn, int kt_per_split, uint32_t* sink) 
   const uint4* wp = l.w + (size_t)nt * 32 + lane;
   const uint8_t* sp = l.s + (size_t)nt * 64 + g * 8;
   const size_t w_row = (size_t)l.N / 2;
+  // The gemv's ring prologue, line for line (fp4_gemv.cu keeps it inline: moved into a shared
+  // function, ptxas scheduled the ring kernel differently, and the rounds measured this code).
   uint4 wq[U];
   uint2 sq[U];
 #pragma unroll
