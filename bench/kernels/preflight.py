@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import argparse
 import sys
+import tempfile
 from pathlib import Path
 
 import torch
@@ -41,7 +42,7 @@ def random_layer(n: int, k: int, k_in: int, dtype: torch.dtype,
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("--build", type=Path, default=Path("/tmp/fp4k-preflight"))
+    ap.add_argument("--build", type=Path, default=Path(tempfile.gettempdir()) / "fp4k-preflight")
     args = ap.parse_args(argv)
     kernels = fk.Kernels(fk.build(args.build, torch.cuda.get_device_capability()))
     loaders = ["ring"] + (["copy"] if kernels.loader(1) == "copy" else [])
