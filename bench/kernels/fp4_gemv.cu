@@ -622,12 +622,13 @@ cudaError_t launch(const GemvParams& p, int splits, cudaStream_t stream) {
 constexpr int kMaxM = 64;
 inline int mt_for(int m) { return m <= 8 ? 1 : m <= 16 ? 2 : m <= 32 ? 4 : 8; }
 
-// Which loader fp4_gemv uses: -1 (default) the copy engine on SM90 and the register ring
-// below it; 0 the ring; 1 the copy engine (SM90 only). Set by fp4_gemv_loader (benchmarks).
+// Which loader fp4_gemv uses: -1 (default) and 1 the copy engine where the GPU has one
+// (SM90) and the register ring below it; 0 the ring everywhere. Set by fp4_gemv_loader
+// (benchmarks); a GPU without the copy engine never gets its kernel.
 inline int g_loader = -1;
 
 inline bool use_copy_engine() {
-  if (g_loader >= 0) return g_loader == 1;
+  if (g_loader == 0) return false;
   static int major = -1;  // the process's device generation, asked once
   if (major < 0) {
     int dev = 0;
@@ -641,8 +642,8 @@ inline bool use_copy_engine() {
 extern "C" {
 
 
-// Select the gemv's loader (-1 by device, 0 register ring, 1 copy engine); returns the one
-// now in effect (0 or 1).
+// Select the gemv's loader (-1 or 1: the copy engine where the GPU has one, 0: the register
+// ring); returns the one now in effect (0 ring, 1 copy engine).
 int fp4_gemv_loader(int which) {
   fp4k::g_loader = which < -1 || which > 1 ? -1 : which;
   return fp4k::use_copy_engine() ? 1 : 0;

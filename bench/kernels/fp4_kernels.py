@@ -18,12 +18,13 @@ SM80 to SM90 only: SM75 (Turing) keeps Marlin's fp16 path (``Fp4Linear`` refuses
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import hashlib
 import os
 import shutil
 import subprocess
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -31,7 +32,8 @@ import torch
 
 HERE = Path(__file__).resolve().parent
 SOURCES = (HERE / "fp4_gemv.cu", HERE / "fp4_dequant.cu")
-HEADERS = (HERE / "fp4_ptx.cuh",)  # in the build's hash: a changed header rebuilds
+HEADERS = (HERE / "fp4_ptx.cuh",)
+BUILD_INPUTS = (*SOURCES, *HEADERS)  # what the library is made of: its hash, a round's record
 GLOBAL_SCALE_BIAS = {torch.float16: 14, torch.bfloat16: 126}
 MAX_GEMV_M = 64
 DEFAULT_SCRATCH_BYTES = 64 * 2**20
@@ -94,7 +96,7 @@ def build(out_dir: Path, capability: tuple[int, int], extra: Sequence[str] = ())
     """
     flag = arch_flag(capability)
     h = hashlib.sha256(flag.encode() + "\0".join(extra).encode())
-    for src in (*SOURCES, *HEADERS):
+    for src in BUILD_INPUTS:
         h.update(src.read_bytes())
     tag = h.hexdigest()[:12]
     out_dir.mkdir(parents=True, exist_ok=True)
@@ -135,9 +137,17 @@ class Kernels:
             raise RuntimeError(f"{what}: {self.lib.fp4k_error_string(rc).decode()} (code {rc})")
 
     def loader(self, which: int = -1) -> str:
-        """Select the gemv's weight loader: -1 by device (the copy engine on SM90), 0 the
-        register ring, 1 the copy engine; returns the one in effect ("ring" or "copy")."""
+        """Select the gemv's weight loader: -1 (the default) or 1 the copy engine where the
+        GPU has one (SM90), 0 the register ring; returns the one in effect ("ring", "copy")."""
         return ("ring", "copy")[self.lib.fp4_gemv_loader(which)]
+
+    @contextlib.contextmanager
+    def using(self, which: int) -> Iterator[str]:
+        """The loader ``which`` inside the block (yields the one in effect), the default after."""
+        try:
+            yield self.loader(which)
+        finally:
+            self.loader(-1)
 
     def plan(self, m: int, n: int, k: int, sms: int) -> tuple[int, int]:
         wn, splits = ctypes.c_int(), ctypes.c_int()

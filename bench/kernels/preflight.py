@@ -40,13 +40,34 @@ def random_layer(n: int, k: int, k_in: int, dtype: torch.dtype,
     return fk.PreparedTensors(weight, scales, g, n, k_in)
 
 
+def check_configs(lin: fk.Fp4Linear, x: torch.Tensor, ref: torch.Tensor, label: str) -> int:
+    """The gemv at its plan and a few explicit (wn, splits) against ``ref``; failures."""
+    m, n, k = x.shape[0], lin.t.size_n, lin.t.padded_k
+    failed = 0
+    for cfg in (None, (4, 3), (1, 1), (8, 2)):
+        if cfg and (m > 32 and cfg[0] > 4 or k // 16 < 8 * cfg[1]):
+            continue
+        wn, splits = cfg or (None, None)
+        lin.reserve([m], [cfg] if cfg else [])
+        out = torch.full((m, n), float("nan"), dtype=x.dtype, device="cuda")
+        lin.gemv(x, out=out, wn=wn, splits=splits)
+        torch.cuda.synchronize()
+        rel = ((out.float() - ref).norm() / ref.norm()).item()
+        ok = bool(torch.isfinite(out).all()) and rel <= GATE
+        failed += not ok
+        if not ok or cfg is None:
+            print(f"[preflight] {'ok  ' if ok else 'FAIL'} {label} {cfg or 'plan'} "
+                  f"rel_l2={rel:.2e}", flush=True)  # fmt: skip
+    return failed
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--build", type=Path, default=Path(tempfile.gettempdir()) / "fp4k-preflight")
     args = ap.parse_args(argv)
     kernels = fk.Kernels(fk.build(args.build, torch.cuda.get_device_capability()))
-    loaders = ["ring"] + (["copy"] if kernels.loader(1) == "copy" else [])
-    kernels.loader(-1)
+    with kernels.using(1) as best:
+        loaders = ["ring"] + (["copy"] if best == "copy" else [])
     gen = torch.Generator(device="cuda").manual_seed(0)
     failed = 0
     for dtype in (torch.bfloat16, torch.float16):
@@ -58,24 +79,9 @@ def main(argv: list[str] | None = None) -> int:
                 x = torch.randn(m, k_in, generator=gen, device="cuda").to(dtype)
                 ref = x.float() @ w.t()
                 for loader in loaders:
-                    kernels.loader(0 if loader == "ring" else 1)
-                    for cfg in (None, (4, 3), (1, 1), (8, 2)):
-                        if cfg and (m > 32 and cfg[0] > 4 or k // 16 < 8 * cfg[1]):
-                            continue
-                        wn, splits = cfg or (None, None)
-                        lin.reserve([m], [cfg] if cfg else [])
-                        out = torch.full((m, n), float("nan"), dtype=dtype, device="cuda")
-                        lin.gemv(x, out=out, wn=wn, splits=splits)
-                        torch.cuda.synchronize()
-                        rel = ((out.float() - ref).norm() / ref.norm()).item()
-                        ok = bool(torch.isfinite(out).all()) and rel <= GATE
-                        failed += not ok
-                        if not ok or cfg is None:
-                            print(f"[preflight] {'ok  ' if ok else 'FAIL'} {str(dtype)[6:]} "
-                                  f"N={n} K={k} k_in={k_in} M={m} {loader} {cfg or 'plan'} "
-                                  f"rel_l2={rel:.2e}",
-                                  flush=True)  # fmt: skip
-            kernels.loader(-1)
+                    with kernels.using(0 if loader == "ring" else 1):
+                        failed += check_configs(lin, x, ref, f"{str(dtype)[6:]} N={n} K={k} "
+                                                f"k_in={k_in} M={m} {loader}")  # fmt: skip
     print(f"[preflight] {'passed' if not failed else f'{failed} case(s) FAILED'}; loaders: "
           f"{', '.join(loaders)}")  # fmt: skip
     return 1 if failed else 0

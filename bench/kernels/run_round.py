@@ -236,8 +236,8 @@ def check_shape(name: str, kernels: fk.Kernels, w: Any, g: float, t: fk.Prepared
             case: dict[str, Any] = {"shape": name, "dtype": str(dtype), "m": m, "path": path}
             try:
                 if path.startswith("gemv"):
-                    kernels.loader(0 if path.startswith("gemv_ring") else -1)
-                    out, repeat, counters = run_gemv_checked(runner, x, cfg)
+                    with kernels.using(0 if path.startswith("gemv_ring") else -1):
+                        out, repeat, counters = run_gemv_checked(runner, x, cfg)
                     case.update(repeatable=repeat, counters_reset=counters == 0)
                 else:
                     out = torch.full((m, t.size_n), float("nan"), dtype=dtype, device="cuda")
@@ -250,8 +250,6 @@ def check_shape(name: str, kernels: fk.Kernels, w: Any, g: float, t: fk.Prepared
                                   and case.get("counters_reset", True))  # fmt: skip
             except Exception as exc:  # record and go on: one failure must not hide the rest
                 case.update(passed=False, error=f"{type(exc).__name__}: {exc}")
-            finally:
-                kernels.loader(-1)
             cases.append(case)
         if marlin is not None:
             cases.append(
@@ -339,13 +337,10 @@ def bench_new(kernels: fk.Kernels, base: fk.PreparedTensors, ms: Sequence[int], 
             res["gemv"] = timed([lambda lin=lin, x=x: lin.gemv(x) for lin in lins], replays)
             res["gemv_config"] = first.plan(m)
             if kernels.loader() == "copy":  # the register ring beside (what SM80-89 run)
-                kernels.loader(0)
-                try:
+                with kernels.using(0):
                     first.reserve([m])  # the ring's own plan may split more
                     res["gemv_ring"] = timed([lambda lin=lin, x=x: lin.gemv(x) for lin in lins],
                                              replays)  # fmt: skip
-                finally:
-                    kernels.loader(-1)
             if m in SWEEP_MS:  # the fused epilogue (column scale + bias) at the same M
                 epi = [fk.Fp4Linear(kernels, with_epilogue(lin.t, m, 1.0), buffers=first.buf)
                        for lin in lins]  # fmt: skip
@@ -594,7 +589,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         shapes_skipped_for_budget=[], layout_checks=[], cases=[], rows=[], sweeps={},
         # which kernels ran: series_revision names the series (on a GPU host, the bundle's)
         kernel_sources={src.name: hashlib.sha256(src.read_bytes()).hexdigest()
-                        for src in fk.SOURCES},
+                        for src in fk.BUILD_INPUTS},
     )  # fmt: skip
 
     def save() -> None:
