@@ -433,7 +433,8 @@ constexpr int kStageRows = 8;             // k-tile rows per stage
 constexpr int kStageBudget = 72 * 1024;   // bytes of stages per block: 3 blocks per SM at wn 4
 constexpr int kBarBytes = 128;            // full[8] and empty[8] mbarriers, before the stages
 
-constexpr int max3(int a, int b, int c) { return a > b ? (a > c ? a : c) : (b > c ? b : c); }
+__host__ __device__ constexpr int max3(int a, int b, int c) { return a > b ? (a > c ? a : c) : (b > c ? b : c); }
+__host__ __device__ constexpr int clamp(int v, int lo, int hi) { return v < lo ? lo : v > hi ? hi : v; }
 
 template <int MT>
 struct TmaSmem {
@@ -442,9 +443,7 @@ struct TmaSmem {
   static constexpr int kMaxWn = MT >= 8 ? 4 : 8;
   static constexpr int kCStride = kMaxWn * 64 + 4;
   __host__ __device__ static constexpr int stage_bytes(int wn) { return kStageRows * 576 * wn + kXBytes; }
-  __host__ __device__ static constexpr int stages(int wn) {
-    return kStageBudget / stage_bytes(wn) < 2 ? 2 : kStageBudget / stage_bytes(wn) > 8 ? 8 : kStageBudget / stage_bytes(wn);
-  }
+  __host__ __device__ static constexpr int stages(int wn) { return clamp(kStageBudget / stage_bytes(wn), 2, 8); }
   static constexpr int bytes(int wn) {
     return kBarBytes + max3(stages(wn) * stage_bytes(wn), (kWarps - wn) * 16 * MT * 32 * 4, 8 * MT * kCStride * 4);
   }
@@ -656,9 +655,10 @@ int fp4_gemv_plan(int M, int N, int K, int sms, int* wn_out, int* splits_out) {
   if (M < 1 || M > fp4k::kMaxM || N % 64 || K % 16 || sms < 1) return 1;
   const int mt = fp4k::mt_for(M);
   const int n_tiles = N / 64, k_tiles = K / 16;
+  const bool copy_engine = fp4k::use_copy_engine();
   double best = -1.0;
-  int best_wn = fp4k::use_copy_engine() ? 4 : 8, best_s = 1;  // K too short for any candidate
-  if (fp4k::use_copy_engine()) {
+  int best_wn = copy_engine ? 4 : 8, best_s = 1;  // K too short for any candidate
+  if (copy_engine) {
     // Round 3's sweep (reports/h200/kernels/round-3): one wave of blocks at 2 per SM, rows of
     // 8 n-tiles where N allows (4 KB copies), splits from a short list (even stages).
     const int slots = 2 * sms;

@@ -131,6 +131,8 @@ class Kernels:
         lib.fp4k_error_string.restype = ctypes.c_char_p
         self.lib = lib
         self.path = so
+        # whether this GPU's gemv loads by the copy engine (its default loader; SM90)
+        self.copy_engine = self.loader(-1) == "copy"
 
     def check(self, rc: int, what: str) -> None:
         if rc != 0:

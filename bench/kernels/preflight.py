@@ -66,8 +66,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--build", type=Path, default=Path(tempfile.gettempdir()) / "fp4k-preflight")
     args = ap.parse_args(argv)
     kernels = fk.Kernels(fk.build(args.build, torch.cuda.get_device_capability()))
-    with kernels.using(1) as best:
-        loaders = ["ring"] + (["copy"] if best == "copy" else [])
+    loaders = ["ring"] + (["copy"] if kernels.copy_engine else [])
     gen = torch.Generator(device="cuda").manual_seed(0)
     failed = 0
     for dtype in (torch.bfloat16, torch.float16):

@@ -230,7 +230,7 @@ def check_shape(name: str, kernels: fk.Kernels, w: Any, g: float, t: fk.Prepared
             paths += [(f"prefill_overlap chunk_n={small}", lin, ref,
                        {"overlap": True, "chunk_n": small}),
                       ("prefill_overlap+epilogue", lin_e, ref_e, {"overlap": True})]  # fmt: skip
-        if m <= fk.MAX_GEMV_M and kernels.loader() == "copy":
+        if m <= fk.MAX_GEMV_M and kernels.copy_engine:
             paths += [("gemv_ring", lin, ref, None), ("gemv_ring+epilogue", lin_e, ref_e, None)]
         for path, runner, r, cfg in paths:
             case: dict[str, Any] = {"shape": name, "dtype": str(dtype), "m": m, "path": path}
@@ -271,7 +271,7 @@ def sweep_configs(lin: fk.Fp4Linear, m: int) -> list[tuple[int, int]]:
     auto = lin.plan(m)
     out = []
     # the copy engine runs wn 4 and 8 (fp4_gemv gives narrower blocks to the register ring)
-    for wn in (4, 8) if lin.k.loader() == "copy" else (1, 2, 4, 8):
+    for wn in (4, 8) if lin.k.copy_engine else (1, 2, 4, 8):
         for s in (1, 2, 3, 4, 6, 8, 12, 16):
             if k_tiles / s / (8 // wn) >= 4 and (wn, s) != auto and n_tiles >= wn:
                 out.append((wn, s))
@@ -336,7 +336,7 @@ def bench_new(kernels: fk.Kernels, base: fk.PreparedTensors, ms: Sequence[int], 
         if m <= fk.MAX_GEMV_M:
             res["gemv"] = timed([lambda lin=lin, x=x: lin.gemv(x) for lin in lins], replays)
             res["gemv_config"] = first.plan(m)
-            if kernels.loader() == "copy":  # the register ring beside (what SM80-89 run)
+            if kernels.copy_engine:  # the register ring beside (what SM80-89 run)
                 with kernels.using(0):
                     first.reserve([m])  # the ring's own plan may split more
                     res["gemv_ring"] = timed([lambda lin=lin, x=x: lin.gemv(x) for lin in lins],

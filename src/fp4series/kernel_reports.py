@@ -18,6 +18,8 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
+from fp4series.report import _check_meta, _load, _positive
+
 ROUND_FILES = ("kernels.json", "kernels.md", "dispatch.json", "build.txt")
 ROUND_GLOB = "round-*"
 DISPATCH_SOURCE = re.compile(r'DISPATCH_SOURCE = "measured: (\S+)')
@@ -25,14 +27,8 @@ TIMING_FIELDS = ("marlin_us", "bf16_us", "roofline_us")
 OPEN_END = 1 << 30  # fp4_kernels.OPEN_END: the last path's upper bound
 
 
-def _positive(value: object) -> bool:
-    return isinstance(value, (int, float)) and not isinstance(value, bool) and value > 0
-
-
 def check_round(round_dir: Path, problems: list[str]) -> None:
     """Problems of one round directory, each naming the round and the field."""
-    from fp4series.report import _check_meta, _load
-
     name = f"{round_dir.name}/kernels.json"
     for file in ROUND_FILES:
         if not (round_dir / file).is_file():
