@@ -42,6 +42,7 @@ struct GemvParams {
   float* ws;                  // [splits, M, N] fp32 partials (splits > 1)
   int* counters;              // [gridDim.x] zero before the first call; left zero
   int M, lda, k_in, N, K, n_out, ldo, wn, kt_per_split;
+  int cluster;                // SM90 copy engine: the splits of an n-group are one cluster
 };
 
 // 16 bytes global -> shared, asynchronous; src_bytes = 0 writes zeros (k beyond the input).
@@ -194,14 +195,11 @@ __device__ __forceinline__ void store_act(void* p, size_t i, float v) {
   }
 }
 
-// The block's end: the WK partial sums of each n-tile reduced in a fixed order and staged as
-// [rows, wn * 64] fp32 in shared memory `fsm`; then either this split's partials (the last
-// block of the n-group sums the splits in order) or, with one split, the output directly:
-// out = acc * g * col_scale[n] + bias[n], rounded once. Every thread of the block calls it (it
-// holds the block's barriers); warps past the 8 computing ones bring no sums.
-template <bool kBf16, int MT, int kCStride>
-__device__ __forceinline__ void finish(const GemvParams& p, float (&acc)[4][MT][4], float* fsm,
-                                       const int rows) {
+// The block's sums: the WK partial sums of each n-tile reduced in a fixed order and staged as
+// [rows, wn * 64] fp32 in shared memory `fsm` (row stride kCStride). Every thread of the block
+// calls it (it holds the block's barriers); warps past the 8 computing ones bring no sums.
+template <int MT, int kCStride>
+__device__ __forceinline__ void stage_sums(const GemvParams& p, float (&acc)[4][MT][4], float* fsm) {
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
   const int g = lane / 4, t = lane % 4;
   const bool computes = warp < kWarps;
@@ -232,7 +230,6 @@ __device__ __forceinline__ void finish(const GemvParams& p, float (&acc)[4][MT][
     }
     __syncthreads();
   }
-  const int cols = wn * 64;
   if (computes && warp_k == 0) {
 #pragma unroll
     for (int j = 0; j < 4; ++j)
@@ -246,17 +243,37 @@ __device__ __forceinline__ void finish(const GemvParams& p, float (&acc)[4][MT][
         }
   }
   __syncthreads();
+}
 
-  const int n_base = blockIdx.x * cols;
-  float gmul;
-  {
-    const uint16_t gb = *p.gscale;
-    if constexpr (kBf16) {
-      gmul = __bfloat162float(__ushort_as_bfloat16(gb)) * 0x1p-15f;  // operand scale 2^-104
-    } else {
-      gmul = __half2float(__ushort_as_half(gb));  // operand scale 2^-7
-    }
+// The epilogue of one output: out = v * g * col_scale[n] + bias[n], rounded once. `gmul` is
+// the global scale times the operand scale (out_gmul).
+template <bool kBf16>
+__device__ __forceinline__ float out_gmul(const GemvParams& p) {
+  const uint16_t gb = *p.gscale;
+  if constexpr (kBf16) {
+    return __bfloat162float(__ushort_as_bfloat16(gb)) * 0x1p-15f;  // operand scale 2^-104
+  } else {
+    return __half2float(__ushort_as_half(gb));  // operand scale 2^-7
   }
+}
+template <bool kBf16>
+__device__ __forceinline__ void store_out(const GemvParams& p, int m, int n, float v, float gmul) {
+  v *= gmul;
+  if (p.col_scale) v *= p.col_scale[n];
+  if (p.bias) v += act_to_float<kBf16>(p.bias, n);
+  store_act<kBf16>(p.out, (size_t)m * p.ldo + n, v);
+}
+
+// The block's end through global memory: with one split the outputs directly; with several,
+// this split's partials into the workspace, and the last block of the n-group (atomic
+// counter, reset by that block) sums the splits in split order.
+template <bool kBf16, int MT, int kCStride>
+__device__ __forceinline__ void finish(const GemvParams& p, float (&acc)[4][MT][4], float* fsm,
+                                       const int rows) {
+  stage_sums<MT, kCStride>(p, acc, fsm);
+  const int cols = p.wn * 64;
+  const int n_base = blockIdx.x * cols;
+  const float gmul = out_gmul<kBf16>(p);
   const int splits = gridDim.y;
   if (splits > 1) {
     float* part = p.ws + (size_t)blockIdx.y * p.M * p.N;
@@ -282,12 +299,45 @@ __device__ __forceinline__ void finish(const GemvParams& p, float (&acc)[4][MT][
     } else {
       v = fsm[m * kCStride + idx % cols];
     }
-    v *= gmul;
-    if (p.col_scale) v *= p.col_scale[n];
-    if (p.bias) v += act_to_float<kBf16>(p.bias, n);
-    store_act<kBf16>(p.out, (size_t)m * p.ldo + n, v);
+    store_out<kBf16>(p, m, n, v, gmul);
   }
   if (splits > 1 && threadIdx.x == 0) p.counters[blockIdx.x] = 0;
+}
+
+// The block's end through the cluster (SM90): the splits of an n-group are one cluster of
+// gridDim.y blocks (cluster rank = split), each with its sums staged in its own shared memory;
+// block q sums the q-th slice of the n-group's outputs from every block's shared memory, in
+// split order. The same additions in the same order as finish's workspace path, so the same
+// bits, without the workspace's global traffic (at M = 16 and 16 splits as many bytes again as
+// the weights), the atomic counter, or one block summing every split alone.
+template <bool kBf16, int MT, int kCStride>
+__device__ __forceinline__ void finish_cluster(const GemvParams& p, float (&acc)[4][MT][4], float* fsm,
+                                               const int rows) {
+  stage_sums<MT, kCStride>(p, acc, fsm);
+  const int quads = p.wn * 16;  // float4s per output row of the block
+  const int n_base = blockIdx.x * p.wn * 64;
+  const float gmul = out_gmul<kBf16>(p);
+  const int splits = gridDim.y, total = rows * quads;
+  const int lo = blockIdx.y * total / splits, hi = (blockIdx.y + 1) * total / splits;
+  const uint32_t base = static_cast<uint32_t>(__cvta_generic_to_shared(fsm));
+  cluster_sync();  // every block's sums staged (and every block of the cluster running)
+  for (int idx = lo + threadIdx.x; idx < hi; idx += blockDim.x) {
+    const int m = idx / quads, c = (idx % quads) * 4;
+    const uint32_t a = base + 4u * (m * kCStride + c);
+    float v[4] = {0.f, 0.f, 0.f, 0.f};
+#pragma unroll 4
+    for (int r = 0; r < splits; ++r) {
+      const float4 w = ld_cluster_f4(cluster_map(a, r));
+      v[0] += w.x;
+      v[1] += w.y;
+      v[2] += w.z;
+      v[3] += w.w;
+    }
+#pragma unroll
+    for (int e = 0; e < 4; ++e)
+      if (n_base + c + e < p.n_out) store_out<kBf16>(p, m, n_base + c + e, v[e], gmul);
+  }
+  cluster_sync();  // no block leaves while another still reads its shared memory
 }
 
 // Shared memory, in 32-bit words, for MT m-blocks of 8 rows and a chunk of 8 * U k-tiles.
@@ -420,6 +470,22 @@ __global__ void __launch_bounds__(kThreads, MT <= 2 ? 2 : 1) fp4_gemv_kernel(con
   finish<kBf16, MT, S::kCStride>(p, acc, reinterpret_cast<float*>(smem), rows);
 }
 
+// Which loader fp4_gemv uses: -1 (default) and 1 the copy engine where the GPU has one
+// (SM90) and the register ring below it; 0 the ring everywhere; 2 the copy engine with the
+// splits summed through the global workspace (round 3's end) instead of the cluster. Set by
+// fp4_gemv_loader (benchmarks); a GPU without the copy engine never gets its kernel.
+inline int g_loader = -1;
+
+inline bool use_copy_engine() {
+  if (g_loader == 0) return false;
+  static int major = -1;  // the process's device generation, asked once
+  if (major < 0) {
+    int dev = 0;
+    if (cudaGetDevice(&dev) != cudaSuccess || cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev) != cudaSuccess)
+      major = 0;
+  }
+  return major >= 9;
+}
 // ---- SM90: the copy engine streams the weights -------------------------------------------
 // The register ring above keeps at most U tiles per warp in flight, and a loads-only probe of
 // that scheme (bw_probe.cu) streams the layout at 58-72 % of the roofline even with no decode;
@@ -567,25 +633,92 @@ __global__ void __launch_bounds__(kThreads + 32, MT <= 2 ? 2 : 1) fp4_gemv_tma_k
   }
   // Every copy has landed (the computing warps waited for each stage): the stages' memory is
   // free for the end's reduction and staging.
-  finish<kBf16, MT, S::kCStride>(p, acc, reinterpret_cast<float*>(sm + kBarBytes), rows);
+  float* fsm = reinterpret_cast<float*>(sm + kBarBytes);
+  if (p.cluster) {
+    finish_cluster<kBf16, MT, S::kCStride>(p, acc, fsm, rows);
+  } else {
+    finish<kBf16, MT, S::kCStride>(p, acc, fsm, rows);
+  }
 #else
   __trap();  // launched only on SM90 (fp4_gemv picks the ring kernel below it)
 #endif
 }
 
 template <bool kBf16, int MT, int WN>
-cudaError_t launch_tma_wn(const GemvParams& p, int splits, cudaStream_t stream) {
-  constexpr int bytes = TmaSmem<MT>::bytes(WN);
-  static bool attr_set = false;  // one per instantiation
-  if (!attr_set) {
-    cudaError_t e =
-        cudaFuncSetAttribute(fp4_gemv_tma_kernel<kBf16, MT, WN>, cudaFuncAttributeMaxDynamicSharedMemorySize, bytes);
-    if (e != cudaSuccess) return e;
-    attr_set = true;
+cudaError_t tma_attributes() {  // once per instantiation: its shared memory, clusters of 16
+  static const cudaError_t e = [] {
+    const auto kernel = fp4_gemv_tma_kernel<kBf16, MT, WN>;
+    cudaError_t r = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, TmaSmem<MT>::bytes(WN));
+    if (r == cudaSuccess) r = cudaFuncSetAttribute(kernel, cudaFuncAttributeNonPortableClusterSizeAllowed, 1);
+    return r;
+  }();
+  return e;
+}
+
+constexpr int kMaxCluster = 16;  // blocks per cluster on SM90 (8 portable, 16 allowed)
+
+template <bool kBf16, int MT, int WN>
+cudaLaunchConfig_t tma_config(dim3 grid, int splits, cudaStream_t stream, cudaLaunchAttribute* attr) {
+  cudaLaunchConfig_t cfg = {};
+  cfg.gridDim = grid;
+  cfg.blockDim = dim3(kThreads + 32);
+  cfg.dynamicSmemBytes = TmaSmem<MT>::bytes(WN);
+  cfg.stream = stream;
+  attr->id = cudaLaunchAttributeClusterDimension;
+  attr->val.clusterDim.x = 1;
+  attr->val.clusterDim.y = splits;
+  attr->val.clusterDim.z = 1;
+  cfg.attrs = attr;
+  cfg.numAttrs = 1;
+  return cfg;
+}
+
+// Blocks of this kernel resident at once when the `splits` blocks of each n-group form one
+// cluster (clusters place on one GPC: fewer than 2 per SM may fit); 0 where none fits.
+template <bool kBf16, int MT, int WN>
+int tma_cluster_blocks(int splits) {
+  static int known[kMaxCluster + 1] = {};  // per cluster size: blocks + 1, 0 = not asked yet
+  if (splits < 2 || splits > kMaxCluster) return 0;
+  if (!known[splits]) {
+    int clusters = 0;
+    cudaLaunchAttribute attr;
+    const cudaLaunchConfig_t cfg = tma_config<kBf16, MT, WN>(dim3(1, splits), splits, nullptr, &attr);
+    if (tma_attributes<kBf16, MT, WN>() != cudaSuccess ||
+        cudaOccupancyMaxActiveClusters(&clusters, fp4_gemv_tma_kernel<kBf16, MT, WN>, &cfg) != cudaSuccess) {
+      cudaGetLastError();  // a size this GPU refuses: the workspace path
+      clusters = 0;
+    }
+    known[splits] = clusters * splits + 1;
   }
-  dim3 grid((p.N / 64 + WN - 1) / WN, splits);
-  fp4_gemv_tma_kernel<kBf16, MT, WN><<<grid, kThreads + 32, bytes, stream>>>(p);
-  return cudaGetLastError();
+  return known[splits] - 1;
+}
+
+template <bool kBf16, int MT, int WN>
+cudaError_t launch_tma_wn(GemvParams p, int splits, cudaStream_t stream) {
+  const cudaError_t e = tma_attributes<kBf16, MT, WN>();
+  if (e != cudaSuccess) return e;
+  const dim3 grid((p.N / 64 + WN - 1) / WN, splits);
+  p.cluster = g_loader != 2 && tma_cluster_blocks<kBf16, MT, WN>(splits) > 0;
+  if (!p.cluster) {
+    fp4_gemv_tma_kernel<kBf16, MT, WN><<<grid, kThreads + 32, TmaSmem<MT>::bytes(WN), stream>>>(p);
+    return cudaGetLastError();
+  }
+  cudaLaunchAttribute attr;
+  const cudaLaunchConfig_t cfg = tma_config<kBf16, MT, WN>(grid, splits, stream, &attr);
+  return cudaLaunchKernelEx(&cfg, fp4_gemv_tma_kernel<kBf16, MT, WN>, p);
+}
+
+// The blocks resident at once (bf16's kernel; fp16's has the same resources) for the plan.
+inline int tma_cluster_slots(int mt, int wn, int splits) {
+  if (wn == 4)
+    return mt == 1   ? tma_cluster_blocks<true, 1, 4>(splits)
+           : mt == 2 ? tma_cluster_blocks<true, 2, 4>(splits)
+           : mt == 4 ? tma_cluster_blocks<true, 4, 4>(splits)
+                     : tma_cluster_blocks<true, 8, 4>(splits);
+  return mt == 1   ? tma_cluster_blocks<true, 1, 8>(splits)
+         : mt == 2 ? tma_cluster_blocks<true, 2, 8>(splits)
+         : mt == 4 ? tma_cluster_blocks<true, 4, 8>(splits)
+                   : 0;
 }
 
 // The copy-engine kernel is built for blocks of 4 and 8 n-tiles (rows of 2 and 4 KB; narrower
@@ -621,31 +754,17 @@ cudaError_t launch(const GemvParams& p, int splits, cudaStream_t stream) {
 constexpr int kMaxM = 64;
 inline int mt_for(int m) { return m <= 8 ? 1 : m <= 16 ? 2 : m <= 32 ? 4 : 8; }
 
-// Which loader fp4_gemv uses: -1 (default) and 1 the copy engine where the GPU has one
-// (SM90) and the register ring below it; 0 the ring everywhere. Set by fp4_gemv_loader
-// (benchmarks); a GPU without the copy engine never gets its kernel.
-inline int g_loader = -1;
-
-inline bool use_copy_engine() {
-  if (g_loader == 0) return false;
-  static int major = -1;  // the process's device generation, asked once
-  if (major < 0) {
-    int dev = 0;
-    if (cudaGetDevice(&dev) != cudaSuccess || cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev) != cudaSuccess)
-      major = 0;
-  }
-  return major >= 9;
-}
 }  // namespace fp4k
 
 extern "C" {
 
 
 // Select the gemv's loader (-1 or 1: the copy engine where the GPU has one, 0: the register
-// ring); returns the one now in effect (0 ring, 1 copy engine).
+// ring, 2: the copy engine with round 3's workspace end); returns the one now in effect
+// (0 ring, 1 copy engine, 2 copy engine + workspace end).
 int fp4_gemv_loader(int which) {
-  fp4k::g_loader = which < -1 || which > 1 ? -1 : which;
-  return fp4k::use_copy_engine() ? 1 : 0;
+  fp4k::g_loader = which < -1 || which > 2 ? -1 : which;
+  return fp4k::use_copy_engine() ? (fp4k::g_loader == 2 ? 2 : 1) : 0;
 }
 
 // Kernel shape for (M, N, K) on `sms` multiprocessors: wn n-tiles per block and k-splits over
@@ -660,11 +779,14 @@ int fp4_gemv_plan(int M, int N, int K, int sms, int* wn_out, int* splits_out) {
   int best_wn = copy_engine ? 4 : 8, best_s = 1;  // K too short for any candidate
   if (copy_engine) {
     // Round 3's sweep (reports/h200/kernels/round-3): one wave of blocks at 2 per SM, rows of
-    // 8 n-tiles where N allows (4 KB copies), splits from a short list (even stages).
-    const int slots = 2 * sms;
+    // 8 n-tiles where N allows (4 KB copies), splits from a short list (even stages). With the
+    // cluster end, the blocks a wave holds are those whose clusters fit (the runtime says).
+    const bool cluster = fp4k::g_loader != 2;
     for (int s : {1, 2, 3, 4, 6, 8, 12, 16}) {
       if (k_tiles < 16 * s) break;
       for (int wn = mt >= 8 ? 4 : 8; wn >= 4; wn /= 2) {
+        const int slots = cluster && s > 1 ? fp4k::tma_cluster_slots(mt, wn, s) : 2 * sms;
+        if (slots < 1) continue;
         const int blocks = ((n_tiles + wn - 1) / wn) * s;
         const int waves = (blocks + slots - 1) / slots;
         const double score = (double)blocks / ((double)waves * slots) * (wn == 8 ? 1.0 : 0.9) -
@@ -744,6 +866,7 @@ int fp4_gemv(const void* x, int lda, int M, int k_in, const void* qweight, const
   p.wn = wn;
   const int k_tiles = K / 16;
   p.kt_per_split = (k_tiles + splits - 1) / splits;
+  p.cluster = 0;  // launch_tma_wn decides
   splits = (k_tiles + p.kt_per_split - 1) / p.kt_per_split;  // no empty split
   if (splits == 1) p.kt_per_split = k_tiles;
   cudaStream_t st = reinterpret_cast<cudaStream_t>(stream);

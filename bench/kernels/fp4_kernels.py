@@ -7,7 +7,9 @@ as ``prepare_nvfp4_layer_for_marlin`` leaves it) through them:
 
 * ``gemv``: M <= 64, the mma.sync GEMV of fp4_gemv.cu with the fused epilogue
   (out = acc * g * col_scale + bias, rounded once); on SM90 its weights arrive by the copy
-  engine (``Kernels.loader`` selects the register ring instead, as below SM90);
+  engine and the k-splits of an n-group, one thread-block cluster, sum through each other's
+  shared memory (``Kernels.loader`` selects the register ring instead, as below SM90, or
+  round 3's global-workspace sum);
 * ``prefill``: the layout dequantized into a bounded scratch, chunk by chunk over N, each chunk
   a cuBLAS GEMM (``torch.addmm``: alpha = the global scale, the bias in its epilogue; a
   column scale is folded into the chunk's weights);
@@ -138,10 +140,14 @@ class Kernels:
         if rc != 0:
             raise RuntimeError(f"{what}: {self.lib.fp4k_error_string(rc).decode()} (code {rc})")
 
+    LOADERS = ("ring", "copy", "copy-ws")
+
     def loader(self, which: int = -1) -> str:
         """Select the gemv's weight loader: -1 (the default) or 1 the copy engine where the
-        GPU has one (SM90), 0 the register ring; returns the one in effect ("ring", "copy")."""
-        return ("ring", "copy")[self.lib.fp4_gemv_loader(which)]
+        GPU has one (SM90; splits summed through the cluster), 0 the register ring, 2 the
+        copy engine with round 3's end (splits summed through a global workspace); returns
+        the one in effect, a name of ``LOADERS``."""
+        return self.LOADERS[self.lib.fp4_gemv_loader(which)]
 
     @contextlib.contextmanager
     def using(self, which: int) -> Iterator[str]:

@@ -1,5 +1,6 @@
 // PTX the NVFP4 kernels and the bandwidth probe share: predicated global loads into a
-// register ring, and (SM90) the copy engine's bulk copies with their mbarriers.
+// register ring, and (SM90) the copy engine's bulk copies with their mbarriers and the
+// cluster's shared-memory reads.
 #pragma once
 #include <cuda_runtime.h>
 #include <stdint.h>
@@ -53,6 +54,23 @@ __device__ __forceinline__ void bulk_copy(uint32_t dst, const void* src, uint32_
                "l"(src), "r"(bytes), "r"(bar)
                : "memory");
 }
+
+// ---- SM90 only: thread-block clusters. A cluster's blocks read each other's shared memory
+// (distributed shared memory); `a` is this block's shared-window address of the same variable.
+__device__ __forceinline__ void cluster_sync() {  // every thread of every block in the cluster
+  asm volatile("barrier.cluster.arrive.release.aligned;\nbarrier.cluster.wait.acquire.aligned;\n" ::: "memory");
+}
+__device__ __forceinline__ uint32_t cluster_map(uint32_t a, uint32_t rank) {
+  uint32_t r;
+  asm volatile("mapa.shared::cluster.u32 %0, %1, %2;\n" : "=r"(r) : "r"(a), "r"(rank));
+  return r;
+}
+__device__ __forceinline__ float4 ld_cluster_f4(uint32_t a) {
+  float4 v;
+  asm volatile("ld.shared::cluster.v4.f32 {%0,%1,%2,%3}, [%4];\n" : "=f"(v.x), "=f"(v.y), "=f"(v.z), "=f"(v.w) : "r"(a));
+  return v;
+}
+
 __device__ __forceinline__ uint4 lds128(uint32_t a) {
   uint4 r;
   asm volatile("ld.shared.v4.u32 {%0,%1,%2,%3}, [%4];\n" : "=r"(r.x), "=r"(r.y), "=r"(r.z), "=r"(r.w) : "r"(a));

@@ -2,8 +2,10 @@
 
 Random bytes are a valid Marlin NVFP4 layout (every nibble is an FP4 code; the scale bytes are
 drawn from a finite range), so this builds layers of a few shapes directly, runs the gemv with
-each weight loader this GPU has (the register ring; on SM90 also the copy engine) at several M
-and splits, and compares against the dequant kernel's weights times the activations in fp32.
+each weight loader this GPU has (the register ring; on SM90 also the copy engine, with the
+splits summed through the cluster and through the global workspace) at several M and splits,
+and compares against the dequant kernel's weights times the activations in fp32; the two ends
+of the copy engine must agree bit for bit at the same splits.
 A loader that hangs is caught by the caller's timeout (``timeout 60 python preflight.py``);
 one that computes wrong values fails here, with the case named, before a round spends minutes.
 
@@ -40,8 +42,10 @@ def random_layer(n: int, k: int, k_in: int, dtype: torch.dtype,
     return fk.PreparedTensors(weight, scales, g, n, k_in)
 
 
-def check_configs(lin: fk.Fp4Linear, x: torch.Tensor, ref: torch.Tensor, label: str) -> int:
-    """The gemv at its plan and a few explicit (wn, splits) against ``ref``; failures."""
+def check_configs(lin: fk.Fp4Linear, x: torch.Tensor, ref: torch.Tensor, label: str,
+                  outs: dict[tuple[int, int], torch.Tensor]) -> int:  # fmt: skip
+    """The gemv at its plan and a few explicit (wn, splits) against ``ref``; failures. The
+    explicit configurations' outputs go into ``outs``."""
     m, n, k = x.shape[0], lin.t.size_n, lin.t.padded_k
     failed = 0
     for cfg in (None, (4, 3), (1, 1), (8, 2)):
@@ -55,6 +59,8 @@ def check_configs(lin: fk.Fp4Linear, x: torch.Tensor, ref: torch.Tensor, label: 
         rel = ((out.float() - ref).norm() / ref.norm()).item()
         ok = bool(torch.isfinite(out).all()) and rel <= GATE
         failed += not ok
+        if cfg:
+            outs[cfg] = out
         if not ok or cfg is None:
             print(f"[preflight] {'ok  ' if ok else 'FAIL'} {label} {cfg or 'plan'} "
                   f"rel_l2={rel:.2e}", flush=True)  # fmt: skip
@@ -66,7 +72,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--build", type=Path, default=Path(tempfile.gettempdir()) / "fp4k-preflight")
     args = ap.parse_args(argv)
     kernels = fk.Kernels(fk.build(args.build, torch.cuda.get_device_capability()))
-    loaders = ["ring"] + (["copy"] if kernels.copy_engine else [])
+    loaders = ["ring"] + (["copy", "copy-ws"] if kernels.copy_engine else [])
     gen = torch.Generator(device="cuda").manual_seed(0)
     failed = 0
     for dtype in (torch.bfloat16, torch.float16):
@@ -77,10 +83,17 @@ def main(argv: list[str] | None = None) -> int:
             for m in MS:
                 x = torch.randn(m, k_in, generator=gen, device="cuda").to(dtype)
                 ref = x.float() @ w.t()
+                label = f"{str(dtype)[6:]} N={n} K={k} k_in={k_in} M={m}"
+                outs: dict[str, dict[tuple[int, int], torch.Tensor]] = {}
                 for loader in loaders:
-                    with kernels.using(0 if loader == "ring" else 1):
-                        failed += check_configs(lin, x, ref, f"{str(dtype)[6:]} N={n} K={k} "
-                                                f"k_in={k_in} M={m} {loader}")  # fmt: skip
+                    with kernels.using(fk.Kernels.LOADERS.index(loader)):
+                        outs[loader] = {}
+                        failed += check_configs(lin, x, ref, f"{label} {loader}", outs[loader])
+                for cfg, out in outs.get("copy", {}).items():  # the two ends: the same bits
+                    if cfg[1] > 1 and not torch.equal(out, outs["copy-ws"][cfg]):
+                        failed += 1
+                        print(f"[preflight] FAIL {label} {cfg}: cluster end != workspace end",
+                              flush=True)  # fmt: skip
     print(f"[preflight] {'passed' if not failed else f'{failed} case(s) FAILED'}; loaders: "
           f"{', '.join(loaders)}")  # fmt: skip
     return 1 if failed else 0

@@ -4,7 +4,9 @@ Round 1 measured the gemv at 22-38 % of the HBM roofline at M = 1, against a pre
 (NOTES.md). Before changing it, the question is where the time goes: DRAM throughput, stall
 reasons, occupancy. This builds the same layers as run_round.py and launches each path once
 inside a profiler range (cudaProfilerStart/Stop), after a warm-up outside it, so a profiler run
-with ``--profile-from-start off`` sees exactly one gemv and one Marlin launch per shape:
+with ``--profile-from-start off`` sees exactly one gemv and one Marlin launch per shape (on
+SM90 the gemv twice: its splits summed through the cluster, then through round 3's global
+workspace, each at its own plan):
 
     ncu --profile-from-start off --section SpeedOfLight --section MemoryWorkloadAnalysis \\
         --section WarpStateStats --section Occupancy --section LaunchStats \\
@@ -61,11 +63,20 @@ def main(argv: Sequence[str] | None = None) -> int:
             lin.gemv(x)
             marlin(x)
         torch.cuda.synchronize()
-        wn, splits = lin.plan(args.m)
-        print(f"[profile] {shape} N={n} K={k} M={args.m}: gemv (wn={wn}, splits={splits}), "
-              "then Marlin", flush=True)  # fmt: skip
+        ends = [-1, 2] if kernels.copy_engine else [-1]
+        plans = []
+        for which in ends:
+            with kernels.using(which) as name:
+                lin.reserve([args.m])
+                lin.gemv(x)
+                plans.append(f"{name} {lin.plan(args.m)}")
+        torch.cuda.synchronize()
+        print(f"[profile] {shape} N={n} K={k} M={args.m}: gemv ({', '.join(plans)}: "
+              "(wn, splits)), then Marlin", flush=True)  # fmt: skip
         torch.cuda.profiler.start()
-        lin.gemv(x)
+        for which in ends:
+            with kernels.using(which):
+                lin.gemv(x)
         marlin(x)
         torch.cuda.synchronize()
         torch.cuda.profiler.stop()

@@ -57,6 +57,8 @@ GATE = 1e-2
 FP16_SHAPES = ("qkv_8b", "down_8b")
 FP16_MS = (1, 8, 16, 64, 1024)
 SWEEP_MS = (1, 16)
+# the gemv's loader per checked path (Kernels.loader): the ring, round 3's workspace end
+LOADER_OF = {"gemv_ring": 0, "gemv_ws": 2}
 PREFILL_FROM = 64  # prefill is timed from this M on, gemv up to MAX_GEMV_M
 WARMUP_S = 0.3  # steady_clocks before each group of timings
 OVERLAP_FROM = 256
@@ -231,12 +233,13 @@ def check_shape(name: str, kernels: fk.Kernels, w: Any, g: float, t: fk.Prepared
                        {"overlap": True, "chunk_n": small}),
                       ("prefill_overlap+epilogue", lin_e, ref_e, {"overlap": True})]  # fmt: skip
         if m <= fk.MAX_GEMV_M and kernels.copy_engine:
-            paths += [("gemv_ring", lin, ref, None), ("gemv_ring+epilogue", lin_e, ref_e, None)]
+            paths += [("gemv_ring", lin, ref, None), ("gemv_ring+epilogue", lin_e, ref_e, None),
+                      ("gemv_ws", lin, ref, None)]  # fmt: skip
         for path, runner, r, cfg in paths:
             case: dict[str, Any] = {"shape": name, "dtype": str(dtype), "m": m, "path": path}
             try:
                 if path.startswith("gemv"):
-                    with kernels.using(0 if path.startswith("gemv_ring") else -1):
+                    with kernels.using(LOADER_OF.get(path.split("+")[0], -1)):
                         out, repeat, counters = run_gemv_checked(runner, x, cfg)
                     case.update(repeatable=repeat, counters_reset=counters == 0)
                 else:
@@ -251,6 +254,8 @@ def check_shape(name: str, kernels: fk.Kernels, w: Any, g: float, t: fk.Prepared
             except Exception as exc:  # record and go on: one failure must not hide the rest
                 case.update(passed=False, error=f"{type(exc).__name__}: {exc}")
             cases.append(case)
+        if m <= fk.MAX_GEMV_M and kernels.copy_engine:
+            cases.append(same_bits_both_ends(name, dtype, lin, x))
         if marlin is not None:
             cases.append(
                 {
@@ -263,6 +268,32 @@ def check_shape(name: str, kernels: fk.Kernels, w: Any, g: float, t: fk.Prepared
             )
     del wref
     torch.cuda.empty_cache()
+
+
+def same_bits_both_ends(name: str, dtype: torch.dtype, lin: fk.Fp4Linear,
+                        x: torch.Tensor) -> dict[str, Any]:  # fmt: skip
+    """The cluster end and round 3's workspace end sum the same partials in the same order:
+    at one (wn, splits) with several splits their outputs must be equal bit for bit."""
+    m = x.shape[0]
+    wn, splits = lin.plan(m)
+    splits = max(splits, 2)
+    case: dict[str, Any] = {
+        "shape": name,
+        "dtype": str(dtype),
+        "m": m,
+        "path": f"gemv cluster end == workspace end (wn={wn}, splits={splits})",
+    }
+    try:
+        lin.reserve([m], [(wn, splits)])
+        out, _, _ = run_gemv_checked(lin, x, (wn, splits))
+        with lin.k.using(2):
+            out_ws, _, counters = run_gemv_checked(lin, x, (wn, splits))
+        case.update(bitwise_equal=bool(torch.equal(out, out_ws)), counters_reset=counters == 0,
+                    all_written=bool(torch.isfinite(out).all()))  # fmt: skip
+        case["passed"] = case["bitwise_equal"] and case["counters_reset"] and case["all_written"]
+    except Exception as exc:
+        case.update(passed=False, error=f"{type(exc).__name__}: {exc}")
+    return case
 
 
 def sweep_configs(lin: fk.Fp4Linear, m: int) -> list[tuple[int, int]]:
@@ -336,11 +367,13 @@ def bench_new(kernels: fk.Kernels, base: fk.PreparedTensors, ms: Sequence[int], 
         if m <= fk.MAX_GEMV_M:
             res["gemv"] = timed([lambda lin=lin, x=x: lin.gemv(x) for lin in lins], replays)
             res["gemv_config"] = first.plan(m)
-            if kernels.copy_engine:  # the register ring beside (what SM80-89 run)
-                with kernels.using(0):
-                    first.reserve([m])  # the ring's own plan may split more
-                    res["gemv_ring"] = timed([lambda lin=lin, x=x: lin.gemv(x) for lin in lins],
-                                             replays)  # fmt: skip
+            if kernels.copy_engine:  # the register ring (what SM80-89 run), round 3's end
+                for path, which in LOADER_OF.items():
+                    with kernels.using(which):
+                        first.reserve([m])  # its own plan may split more
+                        res[path] = timed([lambda lin=lin, x=x: lin.gemv(x) for lin in lins],
+                                          replays)  # fmt: skip
+                        res[f"{path}_config"] = first.plan(m)
             if m in SWEEP_MS:  # the fused epilogue (column scale + bias) at the same M
                 epi = [fk.Fp4Linear(kernels, with_epilogue(lin.t, m, 1.0), buffers=first.buf)
                        for lin in lins]  # fmt: skip
@@ -449,18 +482,21 @@ def write_md(data: dict[str, Any], path: Path) -> None:
              "Times in microseconds (median). new = the fastest new path at that M "
              "(gemv: M <= 64; prefill: dequant into scratch + cuBLAS). Ratios > 1: new is faster.",
              "gemv ring: the gemv with its register-ring loader (SM80-89's; on SM90 the copy "
-             "engine loads its weights), timed beside; gemv+epi: the gemv with a column scale "
-             "and a bias in its epilogue (M 1 and 16).",
-             "", "| shape | N | K | M | Marlin | new | path | gemv | gemv ring | gemv+epi "
-             "| prefill | bf16 | roofline | Marlin/new | bf16/new | roof/new |",
-             "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]  # fmt: skip
+             "engine loads its weights), timed beside; gemv ws: the copy-engine gemv with round "
+             "3's end (splits summed through a global workspace, its own plan) where the gemv's "
+             "splits sum through the cluster; gemv+epi: the gemv with a column scale and a bias "
+             "in its epilogue (M 1 and 16).",
+             "", "| shape | N | K | M | Marlin | new | path | gemv | gemv ring | gemv ws | "
+             "gemv+epi | prefill | bf16 | roofline | Marlin/new | bf16/new | roof/new |",
+             "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]  # fmt: skip
     for r in data["rows"]:
         p = r["paths_us"]
         new = r.get("new_us")
         lines.append(
             f"| {r['shape']} | {r['n']} | {r['k']} | {r['m']} | {fmt(r['marlin_us'])} | "
             f"{fmt(new)} | {r.get('new_path', '-')} | {fmt(p.get('gemv'))} | "
-            f"{fmt(r.get('gemv_ring_us'))} | {fmt(r.get('gemv_epilogue_us'))} | "
+            f"{fmt(r.get('gemv_ring_us'))} | {fmt(r.get('gemv_ws_us'))} | "
+            f"{fmt(r.get('gemv_epilogue_us'))} | "
             f"{fmt(min([v for k, v in p.items() if k.startswith('prefill') and v] or [None]))} | "
             f"{fmt(r['bf16_us'])} | {fmt(r['roofline_us'])} | "
             f"{fmt(r['marlin_us'] / new if new else None, '.2f')} | "
@@ -498,6 +534,8 @@ def shape_rows(shape: str, n: int, k: int, ms: Sequence[int], bw: float, marlin:
             "roofline_m1_us": bfm.roofline_us(1, n, k, bw),
             "paths_us": paths, "gemv_config": res.get("gemv_config"),
             "gemv_ring_us": res["gemv_ring"][0] if "gemv_ring" in res else None,
+            "gemv_ws_us": res["gemv_ws"][0] if "gemv_ws" in res else None,
+            "gemv_ws_config": res.get("gemv_ws_config"),
             "gemv_epilogue_us": res["gemv+epilogue"][0] if "gemv+epilogue" in res else None,
             "gemv_repeat_us": res["gemv_repeat"][0] if "gemv_repeat" in res else None,
             "new_us": paths[best_path] if best_path else None, "new_path": best_path,
