@@ -342,6 +342,27 @@ def timed(fns: Sequence[Callable[[], Any]], replays: int) -> tuple[float, float]
     return bfm.time_graph(bfm.rotation(fns), replays)
 
 
+def bench_fp8(n: int, k: int, ms: Sequence[int], replays: int) -> dict[int, tuple[float, float]]:
+    """FP8 (e4m3) weights through cuBLASLt (``torch._scaled_mm``, per-tensor scales), what an
+    H100/H200 user would run instead: the GEMM alone, its activations already in FP8 (a
+    serving W8A8 layer adds their quantization, one more kernel), weights rotated past L2."""
+    w0 = (torch.randn(n, k, device="cuda") * 0.05).to(torch.float8_e4m3fn)
+    ws = [w0] + [w0.clone() for _ in range(bfm.copies_for(n * k) - 1)]
+    one = torch.ones((), device="cuda")
+    out = {}
+    for m in ms:
+        x = torch.randn(m, k, device="cuda").to(torch.float8_e4m3fn)
+        fns = [
+            lambda w=w, x=x: torch._scaled_mm(x, w.t(), scale_a=one, scale_b=one,
+                                              out_dtype=torch.bfloat16)
+            for w in ws
+        ]  # fmt: skip
+        out[m] = timed(fns, replays)
+    del ws, w0
+    torch.cuda.empty_cache()
+    return out
+
+
 def bench_new(kernels: fk.Kernels, base: fk.PreparedTensors, ms: Sequence[int], replays: int,
               sweep: bool) -> dict[int, dict[str, Any]]:  # fmt: skip
     """Per M: {path: (median, best)} for the new paths, weights rotated past L2."""
@@ -486,9 +507,12 @@ def write_md(data: dict[str, Any], path: Path) -> None:
              "3's end (splits summed through a global workspace, its own plan) where the gemv's "
              "splits sum through the cluster; gemv+epi: the gemv with a column scale and a bias "
              "in its epilogue (M 1 and 16).",
+             "fp8: FP8 e4m3 weights and activations through cuBLASLt (torch._scaled_mm, "
+             "per-tensor scales), the GEMM alone (a W8A8 layer also quantizes its input).",
              "", "| shape | N | K | M | Marlin | new | path | gemv | gemv ring | gemv ws | "
-             "gemv+epi | prefill | bf16 | roofline | Marlin/new | bf16/new | roof/new |",
-             "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]  # fmt: skip
+             "gemv+epi | prefill | bf16 | fp8 | roofline | Marlin/new | bf16/new | fp8/new "
+             "| roof/new |",
+             "|---" * 19 + "|"]  # fmt: skip
     for r in data["rows"]:
         p = r["paths_us"]
         new = r.get("new_us")
@@ -498,9 +522,10 @@ def write_md(data: dict[str, Any], path: Path) -> None:
             f"{fmt(r.get('gemv_ring_us'))} | {fmt(r.get('gemv_ws_us'))} | "
             f"{fmt(r.get('gemv_epilogue_us'))} | "
             f"{fmt(min([v for k, v in p.items() if k.startswith('prefill') and v] or [None]))} | "
-            f"{fmt(r['bf16_us'])} | {fmt(r['roofline_us'])} | "
+            f"{fmt(r['bf16_us'])} | {fmt(r.get('fp8_us'))} | {fmt(r['roofline_us'])} | "
             f"{fmt(r['marlin_us'] / new if new else None, '.2f')} | "
             f"{fmt(r['bf16_us'] / new if new else None, '.2f')} | "
+            f"{fmt(r['fp8_us'] / new if new and r.get('fp8_us') else None, '.2f')} | "
             f"{fmt(r['roofline_us'] / new if new else None, '.2f')} |"
         )  # fmt: skip
     failed = [c for c in data["cases"] if c.get("passed") is False]
@@ -517,7 +542,8 @@ def write_md(data: dict[str, Any], path: Path) -> None:
 
 
 def shape_rows(shape: str, n: int, k: int, ms: Sequence[int], bw: float, marlin: dict,
-               bf16: dict, new: dict, sweeps: dict[str, Any]) -> list[dict[str, Any]]:  # fmt: skip
+               bf16: dict, fp8: dict, new: dict,
+               sweeps: dict[str, Any]) -> list[dict[str, Any]]:  # fmt: skip
     rows = []
     for m in ms:
         res = new[m]
@@ -530,6 +556,7 @@ def shape_rows(shape: str, n: int, k: int, ms: Sequence[int], bw: float, marlin:
             "shape": shape, "n": n, "k": k, "m": m,
             "marlin_us": marlin[m][0], "marlin_best_us": marlin[m][1],
             "bf16_us": bf16[m][0], "bf16_best_us": bf16[m][1],
+            "fp8_us": fp8[m][0] if m in fp8 else None,
             "roofline_us": bfm.roofline_us(m, n, k, bw),
             "roofline_m1_us": bfm.roofline_us(1, n, k, bw),
             "paths_us": paths, "gemv_config": res.get("gemv_config"),
@@ -669,9 +696,15 @@ def main(argv: Sequence[str] | None = None) -> int:
         marlin = bfm.bench_fp4(n, k, base, ms, args.replays)
         steady_clocks()
         bf16 = bfm.bench_bf16(n, k, ms, args.replays)
+        steady_clocks()
+        try:
+            fp8 = bench_fp8(n, k, ms, args.replays)
+        except Exception as exc:  # the FP8 column is beside the round: keep the shape
+            fp8 = {}
+            data["errors"].append(f"{shape} fp8: {type(exc).__name__}: {exc}")
         new = bench_new(kernels, t, ms, args.replays, not args.no_sweep)
         data["scratch"][shape] = scratch_info(fk.Fp4Linear(kernels, t))
-        rows = shape_rows(shape, n, k, ms, bw, marlin, bf16, new, data["sweeps"])
+        rows = shape_rows(shape, n, k, ms, bw, marlin, bf16, fp8, new, data["sweeps"])
         data["rows"] += rows
         log(f"{shape}: timed; M={ms[0]} Marlin {rows[0]['marlin_us']:.1f} us, new "
             f"{fmt(rows[0]['new_us'])} us, roofline {rows[0]['roofline_us']:.1f} us")  # fmt: skip
