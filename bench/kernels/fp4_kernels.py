@@ -395,10 +395,17 @@ class Fp4Linear:
         return "prefill"
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
-        """Dispatch: "gemv", "marlin", "prefill[@<MiB>M]", "prefill_overlap[@<MiB>M]"."""
+        """Dispatch: "gemv", "gemv_ws", "marlin", "prefill[@<MiB>M]", "prefill_overlap[@<MiB>M]".
+
+        "gemv_ws" is the gemv with round 3's end (splits summed through the global workspace),
+        selected for the call through the process-wide loader (a benchmark's switch, not
+        thread-safe: the version for the series takes the end per call)."""
         path = self.path_for(x.shape[0])
         if path == "gemv" and x.shape[0] <= MAX_GEMV_M:
             return self.gemv(x)
+        if path == "gemv_ws" and x.shape[0] <= MAX_GEMV_M:
+            with self.k.using(2):
+                return self.gemv(x)
         if path == "marlin" and self.marlin is not None:
             return self.marlin(x)
         kind, _, budget = path.partition("@")

@@ -59,6 +59,9 @@ FP16_MS = (1, 8, 16, 64, 1024)
 SWEEP_MS = (1, 16)
 # the gemv's loader per checked path (Kernels.loader): the ring, round 3's workspace end
 LOADER_OF = {"gemv_ring": 0, "gemv_ws": 2}
+# the gemv paths the dispatch may take on this GPU: the default end and round 3's (SM90); the
+# ring is what SM80-89 run, timed beside on SM90 but not a path there
+GEMV_PATHS = ("gemv", "gemv_ws")
 PREFILL_FROM = 64  # prefill is timed from this M on, gemv up to MAX_GEMV_M
 WARMUP_S = 0.3  # steady_clocks before each group of timings
 OVERLAP_FROM = 256
@@ -501,7 +504,9 @@ def write_md(data: dict[str, Any], path: Path) -> None:
              f"{data['copy_bandwidth_tb_s']:.2f} TB/s (roofline), {data['seconds']} s.",
              f"Command: `{data['command']}`", "", f"Method: {data['method']}", "",
              "Times in microseconds (median). new = the fastest new path at that M "
-             "(gemv: M <= 64; prefill: dequant into scratch + cuBLAS). Ratios > 1: new is faster.",
+             "(gemv: M <= 64, its splits summed through the cluster; gemv_ws: the same with "
+             "round 3's workspace end; prefill: dequant into scratch + cuBLAS). Ratios > 1: new "
+             "is faster.",
              "gemv ring: the gemv with its register-ring loader (SM80-89's; on SM90 the copy "
              "engine loads its weights), timed beside; gemv ws: the copy-engine gemv with round "
              "3's end (splits summed through a global workspace, its own plan) where the gemv's "
@@ -547,7 +552,7 @@ def shape_rows(shape: str, n: int, k: int, ms: Sequence[int], bw: float, marlin:
     rows = []
     for m in ms:
         res = new[m]
-        paths = {p: v[0] for p, v in res.items() if p == "gemv" or p.startswith("prefill")}
+        paths = {p: v[0] for p, v in res.items() if p in GEMV_PATHS or p.startswith("prefill")}
         best_path = min(paths, key=paths.__getitem__) if paths else None
         if "sweep" in res:
             sweeps[f"{shape}@{m}"] = {"auto": list(res["gemv_config"]),

@@ -8,7 +8,7 @@ from types import SimpleNamespace
 import fp4_kernels as fk
 import pytest
 
-PATH = re.compile(r"(gemv|marlin|prefill(_overlap)?(@\d+M)?)")
+PATH = re.compile(r"(gemv(_ws)?|marlin|prefill(_overlap)?(@\d+M)?)")
 
 
 @pytest.mark.parametrize("shape", sorted(fk.DISPATCH))
@@ -25,9 +25,10 @@ def _path(shape: str, m: int) -> str:
 
 
 def test_paths_between_measured_points_go_to_the_next_path() -> None:
-    assert [_path("o_8b", m) for m in (1, 2, 3, 32, 33, 64, 65, 256, 257)] == [
-        "gemv", "gemv", "marlin", "marlin", "prefill@64M", "prefill@64M",
-        "prefill_overlap@64M", "prefill_overlap@64M", "prefill@64M",
+    dispatch = [(2, "gemv_ws"), (8, "gemv"), (64, "marlin"), (fk.OPEN_END, "prefill@64M")]
+    table = SimpleNamespace(dispatch=dispatch)
+    assert [fk.Fp4Linear.path_for(table, m) for m in (1, 2, 3, 8, 9, 64, 65, 1 << 20)] == [
+        "gemv_ws", "gemv_ws", "gemv", "gemv", "marlin", "marlin", "prefill@64M", "prefill@64M",
     ]  # fmt: skip
 
 
