@@ -644,25 +644,32 @@ __global__ void __launch_bounds__(kThreads + 32, MT <= 2 ? 2 : 1) fp4_gemv_tma_k
 #endif
 }
 
+constexpr int kMaxCluster = 16;  // blocks per cluster on SM90 (8 portable, 16 allowed)
+// Shared memory a cluster launch asks for at least: more than a third of an SM's 228 KB, so
+// at most 2 blocks share an SM. Clusters are placed GPC by GPC; where 3 fit (MT = 1, wn 4:
+// 62 KB, 64 registers), round 4's first run measured the cluster end 10-22 % slower than the
+// workspace end at the same (wn, splits) at M = 1 (o_8b, down_8b), and faster where 2 fit.
+constexpr int kClusterSmem = 76 * 1024;
+constexpr int cluster_bytes(int bytes) { return bytes > kClusterSmem ? bytes : kClusterSmem; }
+
 template <bool kBf16, int MT, int WN>
 cudaError_t tma_attributes() {  // once per instantiation: its shared memory, clusters of 16
   static const cudaError_t e = [] {
     const auto kernel = fp4_gemv_tma_kernel<kBf16, MT, WN>;
-    cudaError_t r = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, TmaSmem<MT>::bytes(WN));
+    cudaError_t r = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                         cluster_bytes(TmaSmem<MT>::bytes(WN)));  // either launch
     if (r == cudaSuccess) r = cudaFuncSetAttribute(kernel, cudaFuncAttributeNonPortableClusterSizeAllowed, 1);
     return r;
   }();
   return e;
 }
 
-constexpr int kMaxCluster = 16;  // blocks per cluster on SM90 (8 portable, 16 allowed)
-
 template <bool kBf16, int MT, int WN>
 cudaLaunchConfig_t tma_config(dim3 grid, int splits, cudaStream_t stream, cudaLaunchAttribute* attr) {
   cudaLaunchConfig_t cfg = {};
   cfg.gridDim = grid;
   cfg.blockDim = dim3(kThreads + 32);
-  cfg.dynamicSmemBytes = TmaSmem<MT>::bytes(WN);
+  cfg.dynamicSmemBytes = cluster_bytes(TmaSmem<MT>::bytes(WN));
   cfg.stream = stream;
   attr->id = cudaLaunchAttributeClusterDimension;
   attr->val.clusterDim.x = 1;
