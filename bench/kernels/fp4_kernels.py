@@ -411,3 +411,43 @@ class Fp4Linear:
         kind, _, budget = path.partition("@")
         rows = self.rows_for(int(budget[:-1]) << 20) if budget else None
         return self.prefill(x, overlap=kind == "prefill_overlap", chunk_n=rows)
+
+
+# ---------------------------------------------------------------------- for torch.compile
+
+# Layers reachable from ``torch.ops.fp4k.linear`` by an integer handle: the op's arguments
+# must be tensors and plain values, so a layer is registered once and the graph holds its
+# handle (a constant). The kernels run through ctypes, which torch.compile cannot trace: the
+# op is opaque to it, with a fake implementation that gives the output's shape and dtype.
+_LAYERS: dict[int, tuple[Callable[[torch.Tensor], torch.Tensor], int]] = {}
+
+
+def register(layer: Callable[[torch.Tensor], torch.Tensor], size_n: int) -> int:
+    """A handle for ``torch.ops.fp4k.linear`` (the layer stays registered for the process)."""
+    handle = len(_LAYERS)
+    _LAYERS[handle] = (layer, size_n)
+    return handle
+
+
+@torch.library.custom_op("fp4k::linear", mutates_args=())
+def linear(x: torch.Tensor, handle: int) -> torch.Tensor:
+    """The registered layer applied to ``x`` [M, K]: a new [M, N] tensor of x's dtype."""
+    return _LAYERS[handle][0](x)
+
+
+@linear.register_fake
+def _linear_fake(x: torch.Tensor, handle: int) -> torch.Tensor:
+    return x.new_empty(x.shape[0], _LAYERS[handle][1])
+
+
+class Fp4Module(torch.nn.Module):
+    """An ``Fp4Linear`` (its dispatch) as a module whose forward torch.compile(fullgraph=True)
+    and CUDA graphs take whole: one ``fp4k::linear`` call."""
+
+    def __init__(self, lin: Fp4Linear) -> None:
+        super().__init__()
+        self.lin = lin
+        self.handle = register(lin, lin.t.size_n)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return torch.ops.fp4k.linear(x, self.handle)
