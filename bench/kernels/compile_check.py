@@ -72,10 +72,11 @@ def main(argv: list[str] | None = None) -> int:
             results.append({"mode": mode, "m": m, "path": path, "bitwise_equal": same,
                             "finite": bool(torch.isfinite(want).all()),
                             "seconds": round(time.time() - start, 1)})  # fmt: skip
-            print(f"[compile] fullgraph mode={mode} M={m} ({path}): "
-                  f"{'equal' if same else 'DIFFERENT'} ({results[-1]['seconds']} s)", flush=True)  # fmt: skip
+            verdict = "equal" if same else "DIFFERENT"
+            print(f"[compile] fullgraph mode={mode} M={m} ({path}): {verdict} "
+                  f"({results[-1]['seconds']} s)", flush=True)  # fmt: skip
     # Inductor counts the graphs it could not put in CUDA graphs (reduce-overhead): none here
-    skips = sum(counters["inductor"].get(k, 0) for k in ("cudagraph_skips",))
+    skips = counters["inductor"]["cudagraph_skips"]
     ok = all(r["bitwise_equal"] and r["finite"] for r in results) and skips == 0
     report = {"device": torch.cuda.get_device_name(), "torch": torch.__version__,
               "command": "python bench/kernels/compile_check.py", "passed": ok,
