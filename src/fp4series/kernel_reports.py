@@ -6,7 +6,8 @@ checks what a committed round claims: the run's metadata (command, series revisi
 that it ran to the end, every gated numerics case and layout check passed, every timing is
 positive and none beats the HBM roofline (weights served from L2), and that the dispatch in
 ``bench/kernels/fp4_kernels.py`` names a round that is committed and, where that round's
-``dispatch.json`` gives per-shape entries, holds exactly those.
+``dispatch.json`` gives per-shape entries, holds exactly those. Where a round also ran
+``bench/kernels/compile_check.py`` (``compile.json``), every compiled case must equal eager.
 """
 
 from __future__ import annotations
@@ -22,6 +23,7 @@ from fp4series.report import _check_meta, _load, _positive
 
 ROUND_FILES = ("kernels.json", "kernels.md", "dispatch.json", "build.txt")
 ROUND_GLOB = "round-*"
+COMPILE_FILE = "compile.json"  # bench/kernels/compile_check.py's report, where a round has one
 DISPATCH_SOURCE = re.compile(r'DISPATCH_SOURCE = "measured: (\S+)')
 TIMING_FIELDS = ("marlin_us", "bf16_us", "roofline_us")
 OPEN_END = 1 << 30  # fp4_kernels.OPEN_END: the last path's upper bound
@@ -45,6 +47,34 @@ def check_round(round_dir: Path, problems: list[str]) -> None:
         problems.append(f"{name}: errors recorded: {data['errors']!r:.200}")
     _check_cases(name, data, problems)
     _check_rows(name, data, problems)
+    if (round_dir / COMPILE_FILE).is_file():
+        _check_compile(round_dir, problems)
+
+
+def _check_compile(round_dir: Path, problems: list[str]) -> None:
+    """torch.compile(fullgraph=True) and its CUDA graphs gave the eager bits in every case."""
+    name = f"{round_dir.name}/{COMPILE_FILE}"
+    found: list[str] = []
+    data = _load(round_dir / COMPILE_FILE, found)
+    problems += [f"{round_dir.name}/{p}" for p in found]
+    if data is None:
+        return
+    cases = data.get("cases")
+    if not isinstance(cases, list) or not cases:
+        problems.append(f"{name}: cases must be a non-empty list")
+        cases = []
+    for case in cases:
+        if not isinstance(case, Mapping) or not (case.get("bitwise_equal") and case.get("finite")):
+            what = (
+                {k: case.get(k) for k in ("mode", "m", "path")}
+                if isinstance(case, Mapping)
+                else case
+            )
+            problems.append(f"{name}: compiled output differs from eager: {what}")
+    if data.get("cudagraph_skips") != 0:
+        problems.append(f"{name}: Inductor skipped CUDA graphs ({data.get('cudagraph_skips')!r})")
+    if data.get("passed") is not True:
+        problems.append(f"{name}: passed is not true")
 
 
 def _check_cases(name: str, data: Mapping[str, Any], problems: list[str]) -> None:

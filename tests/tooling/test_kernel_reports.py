@@ -119,3 +119,25 @@ def test_dispatch_differing_from_its_round_named(tmp_path: Path) -> None:
     entries += '"o_8b": [(8, "gemv"), (64, "marlin"), (OPEN_END, "prefill")]'
     (problem,) = _problems(_project_with_dispatch(tmp_path, entries))
     assert "DISPATCH['o_8b']" in problem and "measured [(4, 'gemv')" in problem
+
+
+def _compile_report(round_dir: Path) -> dict[str, Any]:
+    shutil.copy(ROUNDS / "round-4" / "compile.json", round_dir / "compile.json")
+    return json.loads((round_dir / "compile.json").read_text())
+
+
+def test_compile_report_passes(tmp_path: Path) -> None:
+    round_dir, _ = _copy_round(tmp_path)
+    _compile_report(round_dir)
+    assert _problems(round_dir) == []
+
+
+def test_compiled_case_differing_from_eager_named(tmp_path: Path) -> None:
+    round_dir, _ = _copy_round(tmp_path)
+    report = _compile_report(round_dir)
+    report["cases"][2]["bitwise_equal"] = False
+    report["cudagraph_skips"] = 1
+    (round_dir / "compile.json").write_text(json.dumps(report))
+    problems = _problems(round_dir)
+    assert any("differs from eager" in p and "'m': 16" in p for p in problems)
+    assert any("skipped CUDA graphs" in p for p in problems)
