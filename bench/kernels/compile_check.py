@@ -5,9 +5,10 @@ at them, and a captured graph must replay them. ``fp4_kernels.Fp4Module`` wraps 
 dispatch as one ``fp4k::linear`` op; this builds two random layers (no SGLang needed, as
 ``preflight.py``), the second with a column scale and a bias, chains them with a ReLU, and
 compares, per M, the eager result with ``torch.compile(fullgraph=True)`` (Inductor) and with
-``mode="reduce-overhead"`` (Inductor's CUDA graphs), bit for bit. The dispatch is round 4's
-for o_8b, so M = 1 takes the gemv's workspace end, M = 2-8 its cluster end, larger M dequant +
-cuBLAS.
+``mode="reduce-overhead"`` (Inductor's CUDA graphs), bit for bit. The layers take a dispatch
+of this check's own (``PATHS``) so that every kind of path runs: M = 1 the gemv's workspace
+end, 4 its cluster end, 16 the dispatch's Marlin (dequant + cuBLAS here: no Marlin module is
+loaded), 256 the overlapped prefill (a side stream and events inside the graph).
 
     python bench/kernels/compile_check.py [--out FILE.json] [--build DIR]
 """
@@ -32,6 +33,7 @@ import preflight  # noqa: E402
 
 MS = (1, 4, 16, 256)
 N = K = 4096
+PATHS = [(1, "gemv_ws"), (8, "gemv"), (64, "marlin"), (fk.OPEN_END, "prefill_overlap@64M")]
 
 
 def layers(kernels: fk.Kernels) -> torch.nn.Module:
@@ -40,7 +42,7 @@ def layers(kernels: fk.Kernels) -> torch.nn.Module:
     t2 = preflight.random_layer(N, K, K, torch.bfloat16, gen)
     t2.weight_output_scale = torch.rand(N, generator=gen, device="cuda") + 0.5
     t2.bias = torch.randn(N, generator=gen, device="cuda").to(torch.bfloat16)
-    dispatch = fk.dispatch_for("o_8b")
+    dispatch = PATHS
     first = fk.Fp4Module(fk.Fp4Linear(kernels, t1, dispatch=dispatch))
     second = fk.Fp4Module(fk.Fp4Linear(kernels, t2, dispatch=dispatch, buffers=first.lin.buf))
     for mod in (first, second):

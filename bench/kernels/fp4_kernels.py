@@ -42,28 +42,30 @@ DEFAULT_SCRATCH_BYTES = 64 * 2**20
 
 # Which path serves which M (inclusive upper bounds), per layer shape name or "*", as a
 # benchmark run measured it (run_round.py's dispatch.json gives these lists; check-reports
-# holds them equal), named in DISPATCH_SOURCE. Round 4 (H200): the gemv with its splits summed
-# through the cluster ("gemv") or through the global workspace ("gemv_ws", round 3's end,
-# faster at M = 1-8 where fewer blocks fit as clusters), Marlin in between, dequant + cuBLAS
-# from M = 64-256. Each path holds up to the last M it won; M between measured points goes
-# to the next path. "*" (shapes not timed) stays on Marlin to M = 64. Measured on SM90 only:
-# SM80-89 run the gemv's register ring, slower.
+# holds them equal), named in DISPATCH_SOURCE. Round 5 (H200): the gemv with its splits summed
+# through the cluster ("gemv") or through the global workspace ("gemv_ws", faster at M = 1-8
+# on the long-K and narrow shapes, where fewer blocks fit as clusters), Marlin in between,
+# dequant + cuBLAS from M = 64-256. Each path holds up to the last M it won; M between
+# measured points goes to the next path. "*" (shapes not timed) stays on Marlin to M = 64.
+# Measured on SM90 only: SM80-89 run the gemv's register ring, slower.
 OPEN_END = 1 << 30  # the last path's upper bound
 DISPATCH: dict[str, list[tuple[int, str]]] = {
     "*": [(64, "marlin"), (OPEN_END, "prefill")],
-    "qkv_8b": [(8, "gemv"), (16, "marlin"), (32, "gemv"), (64, "marlin"),
-               (OPEN_END, "prefill@64M")],
-    "o_8b": [(1, "gemv_ws"), (8, "gemv"), (32, "marlin"), (64, "prefill@64M"),
-             (OPEN_END, "prefill_overlap@64M")],
+    "qkv_8b": [(4, "gemv"), (16, "marlin"), (32, "gemv"), (64, "marlin"), (256, "prefill@64M"),
+               (OPEN_END, "prefill_overlap@64M")],
+    "o_8b": [(8, "gemv"), (32, "marlin"), (OPEN_END, "prefill@64M")],
     "gate_up_8b": [(16, "gemv"), (64, "marlin"), (256, "prefill@160M"),
                    (OPEN_END, "prefill_overlap@64M")],
-    "down_8b": [(4, "gemv_ws"), (64, "marlin"), (OPEN_END, "prefill@160M")],
-    "qkv_70b": [(1, "gemv_ws"), (64, "marlin"), (OPEN_END, "prefill@160M")],
-    "o_70b": [(1, "gemv_ws"), (64, "marlin"), (256, "prefill@160M"), (OPEN_END, "prefill@64M")],
-    "gate_up_70b": [(16, "gemv"), (64, "marlin"), (256, "prefill@160M"), (OPEN_END, "prefill@64M")],
-    "down_70b": [(8, "gemv_ws"), (64, "marlin"), (256, "prefill@160M"), (OPEN_END, "prefill@64M")],
+    "down_8b": [(4, "gemv_ws"), (64, "marlin"), (256, "prefill@160M"),
+                (OPEN_END, "prefill_overlap@64M")],
+    "qkv_70b": [(2, "gemv_ws"), (64, "marlin"), (256, "prefill@160M"),
+                (OPEN_END, "prefill_overlap@64M")],
+    "o_70b": [(2, "gemv_ws"), (64, "marlin"), (256, "prefill@160M"), (OPEN_END, "prefill@64M")],
+    "gate_up_70b": [(16, "gemv"), (64, "marlin"), (256, "prefill@160M"),
+                    (OPEN_END, "prefill_overlap@64M")],
+    "down_70b": [(8, "gemv_ws"), (64, "marlin"), (OPEN_END, "prefill@160M")],
 }  # fmt: skip
-DISPATCH_SOURCE = "measured: reports/h200/kernels/round-4/dispatch.json (H200, 2026-12-03)"
+DISPATCH_SOURCE = "measured: reports/h200/kernels/round-5/dispatch.json (H200, 2026-12-03)"
 
 
 def dispatch_for(shape: str | None = None) -> list[tuple[int, str]]:
