@@ -1,9 +1,10 @@
-"""Plot one kernel round (kernels.json): speed-up over FP4 Marlin and share of the roofline by M.
+"""Plot one kernel round (kernels.json): speed-up over its peers and share of the roofline by M.
 
-Left: Marlin's time / the fastest new path's time, one line per shape (above 1: the new path
-is faster; the dispatch takes Marlin below it). Right, M <= 64: the HBM roofline / time for the
-gemv (solid; the faster of its two ends), its register-ring loader where the round timed it
-(dashed) and Marlin (dotted).
+Speed-up panels, one line per shape: the peer's time / the fastest new path's time (above 1:
+the new path is faster), against FP4 Marlin (the dispatch takes Marlin below 1), bf16 cuBLAS
+and, where the round timed it, FP8 through cuBLASLt (the GEMM alone). Last panel, M <= 64: the
+HBM roofline / time for the gemv (solid; the faster of its two ends), its register-ring loader
+where the round timed it (dashed) and Marlin (dotted).
 
 Usage: python bench/kernels/plot_round.py reports/h200/kernels/round-N/kernels.json OUT.png
 """
@@ -15,6 +16,10 @@ import sys
 from collections import defaultdict
 from pathlib import Path
 from typing import Any
+
+# the peers a round times beside the new paths: row field, name
+PEERS = (("marlin_us", "FP4 Marlin"), ("bf16_us", "bf16 cuBLAS"),
+         ("fp8_us", "FP8 cuBLASLt (GEMM alone)"))  # fmt: skip
 
 
 def series(rows: list[dict[str, Any]], value: Any) -> dict[str, list[tuple[int, float]]]:
@@ -38,14 +43,24 @@ def plot_round(data: dict[str, Any], out: Path) -> Path:
     import matplotlib.pyplot as plt
 
     rows = data["rows"]
-    fig, (left, right) = plt.subplots(1, 2, figsize=(15, 6))
+    peers = [(key, name) for key, name in PEERS if any(r.get(key) for r in rows)]
+    fig, grid = plt.subplots(2, 2, figsize=(15, 11))
+    axes = list(grid.flat)
     colors: dict[str, Any] = {}
-    for shape, pts in series(rows, lambda r: _ratio(r["marlin_us"], r.get("new_us"))).items():
-        (line,) = left.plot(*zip(*pts, strict=True), marker="o", label=shape)
-        colors[shape] = line.get_color()
-    left.axhline(1.0, color="black", linewidth=0.8)
-    left.set(xscale="log", xlabel="M (rows)", ylabel="FP4 Marlin time / new path time",
-             title="new paths against FP4 Marlin")  # fmt: skip
+    for ax, (key, name) in zip(axes, peers, strict=False):
+        for shape, pts in series(
+            rows, lambda r, key=key: _ratio(r.get(key), r.get("new_us"))
+        ).items():
+            (line,) = ax.plot(*zip(*pts, strict=True), marker="o", label=shape,
+                              color=colors.get(shape))  # fmt: skip
+            colors[shape] = line.get_color()
+        ax.axhline(1.0, color="black", linewidth=0.8)
+        ax.set(xscale="log", xlabel="M (rows)", ylabel=f"{name} time / new path time",
+               title=f"new paths against {name}")  # fmt: skip
+    axes[0].legend(fontsize=8)
+    for ax in axes[len(peers) : len(axes) - 1]:
+        ax.set_visible(False)
+    right = axes[-1]
     small = [r for r in rows if r["m"] <= 64]
     styles = (("paths_us", "-"), ("gemv_ring_us", "--"), ("marlin_us", ":"))
     for key, style in styles:
@@ -61,7 +76,6 @@ def plot_round(data: dict[str, Any], out: Path) -> Path:
               title="share of the roofline, M <= 64: gemv, its faster end (solid), its "
                     "register ring (dashed), Marlin (dotted)")  # fmt: skip
     right.title.set_fontsize(9)
-    left.legend(fontsize=8)
     fig.suptitle(f"{data.get('device')}: {data.get('command')}", fontsize=9)
     fig.tight_layout()
     fig.savefig(out, dpi=110)
