@@ -16,6 +16,7 @@ loaded), 256 the overlapped prefill (a side stream and events inside the graph).
 from __future__ import annotations
 
 import argparse
+import hashlib
 import json
 import sys
 import tempfile
@@ -82,7 +83,10 @@ def main(argv: list[str] | None = None) -> int:
     ok = all(r["bitwise_equal"] and r["finite"] for r in results) and skips == 0
     report = {"device": torch.cuda.get_device_name(), "torch": torch.__version__,
               "command": "python bench/kernels/compile_check.py", "passed": ok,
-              "cudagraph_skips": skips, "cases": results}  # fmt: skip
+              "cudagraph_skips": skips, "cases": results,
+              # which kernels: check-reports holds them equal to the round's beside this report
+              "kernel_sources": {src.name: hashlib.sha256(src.read_bytes()).hexdigest()
+                                 for src in fk.BUILD_INPUTS}}  # fmt: skip
     if args.out:
         args.out.write_text(json.dumps(report, indent=1) + "\n")
     print(f"[compile] {'passed' if ok else 'FAILED'}: {len(results)} cases, "

@@ -856,6 +856,18 @@ int fp4_gemv_plan(int M, int N, int K, int sms, int* wn_out, int* splits_out) {
   return 0;
 }
 
+// Which end a (M, N, K, wn, splits) call of fp4_gemv runs with the loader in effect and 16-byte
+// aligned scales: 0 the register ring, 1 the copy engine summing its splits through the cluster,
+// 2 the copy engine summing them through the workspace (or with one split: none); -1 refused.
+int fp4_gemv_end(int M, int N, int K, int wn, int splits) {
+  if (M < 1 || M > fp4k::kMaxM || N % 64 || K % 16 || splits < 1 || splits > K / 16) return -1;
+  if (!fp4k::use_copy_engine() || !(wn == 4 || wn == 8)) return 0;
+  if (fp4k::mt_for(M) == 8 && wn == 8) return -1;  // the copy engine's MT = 8 kernel takes wn 4
+  const int k_tiles = K / 16, per_split = (k_tiles + splits - 1) / splits;
+  splits = (k_tiles + per_split - 1) / per_split;  // as fp4_gemv: no empty split
+  return fp4k::g_loader != 2 && fp4k::tma_cluster_slots(fp4k::mt_for(M), wn, splits) > 0 ? 1 : 2;
+}
+
 // Floats of workspace and ints of counters a (M, N, K, wn, splits) call needs.
 void fp4_gemv_workspace(int M, int N, int wn, int splits, long long* ws_floats, int* counters) {
   *ws_floats = splits > 1 ? (long long)splits * M * N : 0;
@@ -877,6 +889,7 @@ int fp4_gemv(const void* x, int lda, int M, int k_in, const void* qweight, const
   if ((long long)(K / 16 + 64) * N * 8 >= (1LL << 32)) return -1;
   const int groups = (N / 64 + wn - 1) / wn;
   if (splits > 1 && (ws_floats < (long long)splits * M * N || n_counters < groups)) return -1;
+  if (splits > 1 && (reinterpret_cast<uintptr_t>(ws) & 15)) return -1;  // read 16 bytes at a time
   fp4k::GemvParams p;
   p.x = x;
   p.qweight = reinterpret_cast<const uint4*>(qweight);

@@ -129,12 +129,15 @@ class Kernels:
         lib.fp4_gemv_plan.restype = i
         lib.fp4_gemv_loader.argtypes = [i]
         lib.fp4_gemv_loader.restype = i
+        lib.fp4_gemv_end.argtypes = [i, i, i, i, i]
+        lib.fp4_gemv_end.restype = i
         lib.fp4_dequant.argtypes = [p, p, p, f, i, i, i, i, i, p, i, i, p]
         lib.fp4_dequant.restype = i
         lib.fp4k_error_string.argtypes = [i]
         lib.fp4k_error_string.restype = ctypes.c_char_p
         self.lib = lib
         self.path = so
+        self.asked = -1  # the loader asked for last (loader()): using() restores it
         # whether this GPU's gemv loads by the copy engine (its default loader; SM90)
         self.copy_engine = self.loader(-1) == "copy"
 
@@ -149,15 +152,28 @@ class Kernels:
         GPU has one (SM90; splits summed through the cluster), 0 the register ring, 2 the
         copy engine with round 3's end (splits summed through a global workspace); returns
         the one in effect, a name of ``LOADERS``."""
+        self.asked = which
         return self.LOADERS[self.lib.fp4_gemv_loader(which)]
 
     @contextlib.contextmanager
     def using(self, which: int) -> Iterator[str]:
-        """The loader ``which`` inside the block (yields the one in effect), the default after."""
+        """The loader ``which`` inside the block (yields the one in effect), the one asked for
+        before it after (blocks nest)."""
+        before = self.asked
         try:
             yield self.loader(which)
         finally:
-            self.loader(-1)
+            self.loader(before)
+
+    ENDS = ("ring", "cluster", "workspace")
+
+    def end(self, m: int, n: int, k: int, wn: int, splits: int) -> str:
+        """How a gemv call of this shape and (wn, splits) would run with the loader in effect:
+        a name of ``ENDS`` (the copy engine's split sum: through the cluster or the workspace)."""
+        rc = self.lib.fp4_gemv_end(m, n, k, wn, splits)
+        if rc < 0:
+            raise ValueError(f"fp4_gemv refuses M={m}, N={n}, K={k}, wn={wn}, splits={splits}")
+        return self.ENDS[rc]
 
     def plan(self, m: int, n: int, k: int, sms: int) -> tuple[int, int]:
         wn, splits = ctypes.c_int(), ctypes.c_int()
@@ -217,11 +233,14 @@ class Buffers:
         self.ws = torch.empty(0, dtype=torch.float32, device=device)
         self.scratch = torch.empty(0, dtype=torch.uint8, device=device)
         self.side: torch.cuda.Stream | None = None
+        # buffers outgrown: kept, since a graph captured before may still write them
+        self.retired: list[torch.Tensor] = []
 
     def workspace(self, floats: int) -> torch.Tensor:
         if floats > self.ws.numel():
             if torch.cuda.is_current_stream_capturing():
                 raise RuntimeError("gemv workspace too small inside a graph capture: reserve()")
+            self.retired.append(self.ws)
             self.ws = torch.empty(floats, dtype=torch.float32, device=self.device)
         return self.ws
 
@@ -230,6 +249,7 @@ class Buffers:
         if need > self.scratch.numel():
             if torch.cuda.is_current_stream_capturing():
                 raise RuntimeError("prefill scratch too small inside a graph capture")
+            self.retired.append(self.scratch)
             self.scratch = torch.empty(need, dtype=torch.uint8, device=self.device)
         flat = self.scratch[:need].view(dtype)
         return [flat[i * rows * k : (i + 1) * rows * k].view(rows, k) for i in range(count)]
@@ -281,12 +301,16 @@ class Fp4Linear:
         return self.k.plan(m, self.t.padded_n, self.t.padded_k, self.sms)
 
     def reserve(self, ms: Sequence[int], configs: Sequence[tuple[int, int]] = ()) -> None:
-        """Allocate the workspace the given M (and explicit (wn, splits)) need, before capture."""
+        """Allocate the workspace the given M (and explicit (wn, splits)) need, before capture:
+        for the loader in effect and, where the dispatch takes it, the workspace end's plan."""
+        ends = [self.k.asked] + ([2] if any(p == "gemv_ws" for _, p in self.dispatch) else [])
         need = 0
-        for m in ms:
-            if m <= MAX_GEMV_M:
-                for _, splits in [self.plan(m), *configs]:
-                    need = max(need, splits * m * self.t.padded_n if splits > 1 else 0)
+        for which in ends:
+            with self.k.using(which):
+                for m in ms:
+                    if m <= MAX_GEMV_M:
+                        for _, splits in [self.plan(m), *configs]:
+                            need = max(need, splits * m * self.t.padded_n if splits > 1 else 0)
         self.buf.workspace(need)
 
     def gemv(self, x: torch.Tensor, out: torch.Tensor | None = None, wn: int | None = None,

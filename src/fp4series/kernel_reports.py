@@ -48,11 +48,12 @@ def check_round(round_dir: Path, problems: list[str]) -> None:
     _check_cases(name, data, problems)
     _check_rows(name, data, problems)
     if (round_dir / COMPILE_FILE).is_file():
-        _check_compile(round_dir, problems)
+        _check_compile(round_dir, problems, data)
 
 
-def _check_compile(round_dir: Path, problems: list[str]) -> None:
-    """torch.compile(fullgraph=True) and its CUDA graphs gave the eager bits in every case."""
+def _check_compile(round_dir: Path, problems: list[str], kernels: Mapping[str, Any]) -> None:
+    """torch.compile(fullgraph=True) and its CUDA graphs gave the eager bits in every case, on
+    the round's kernel sources where the report names them."""
     name = f"{round_dir.name}/{COMPILE_FILE}"
     found: list[str] = []
     data = _load(round_dir / COMPILE_FILE, found)
@@ -75,6 +76,9 @@ def _check_compile(round_dir: Path, problems: list[str]) -> None:
         problems.append(f"{name}: Inductor skipped CUDA graphs ({data.get('cudagraph_skips')!r})")
     if data.get("passed") is not True:
         problems.append(f"{name}: passed is not true")
+    sources = data.get("kernel_sources")
+    if sources is not None and sources != kernels.get("kernel_sources"):
+        problems.append(f"{name}: kernel_sources differ from the round's kernels.json")
 
 
 def _check_cases(name: str, data: Mapping[str, Any], problems: list[str]) -> None:

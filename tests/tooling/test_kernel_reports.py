@@ -141,3 +141,30 @@ def test_compiled_case_differing_from_eager_named(tmp_path: Path) -> None:
     problems = _problems(round_dir)
     assert any("differs from eager" in p and "'m': 16" in p for p in problems)
     assert any("skipped CUDA graphs" in p for p in problems)
+
+
+@pytest.mark.parametrize(
+    ("change", "message"),
+    [
+        (lambda r: r["cases"][0].update(finite=False), "differs from eager"),
+        (lambda r: r.update(passed=False), "passed is not true"),
+        (lambda r: r.update(cases=[]), "non-empty list"),
+    ],
+)
+def test_compile_report_claims_checked(tmp_path: Path, change: Any, message: str) -> None:
+    round_dir, _ = _copy_round(tmp_path)
+    report = _compile_report(round_dir)
+    change(report)
+    (round_dir / "compile.json").write_text(json.dumps(report))
+    assert any(message in p for p in _problems(round_dir))
+
+
+def test_compile_report_of_other_kernels_flagged(tmp_path: Path) -> None:
+    round_dir, data = _copy_round(tmp_path)
+    report = _compile_report(round_dir)
+    report["kernel_sources"] = {**data["kernel_sources"], "fp4_gemv.cu": "0" * 64}
+    (round_dir / "compile.json").write_text(json.dumps(report))
+    assert any("kernel_sources differ" in p for p in _problems(round_dir))
+    report["kernel_sources"] = data["kernel_sources"]
+    (round_dir / "compile.json").write_text(json.dumps(report))
+    assert _problems(round_dir) == []
