@@ -724,22 +724,8 @@ int tma_cluster_blocks(int splits) {
   return known[splits] - 1;
 }
 
-template <bool kBf16, int MT, int WN>
-cudaError_t launch_tma_wn(GemvParams p, int splits, cudaStream_t stream) {
-  const cudaError_t e = tma_attributes<kBf16, MT, WN>();
-  if (e != cudaSuccess) return e;
-  const dim3 grid((p.N / 64 + WN - 1) / WN, splits);
-  p.cluster = g_loader != 2 && tma_cluster_blocks<kBf16, MT, WN>(splits) > 0;
-  if (!p.cluster) {
-    fp4_gemv_tma_kernel<kBf16, MT, WN><<<grid, kThreads + 32, TmaSmem<MT>::bytes(WN), stream>>>(p);
-    return cudaGetLastError();
-  }
-  cudaLaunchAttribute attr;
-  const cudaLaunchConfig_t cfg = tma_config<kBf16, MT, WN>(grid, splits, stream, &attr);
-  return cudaLaunchKernelEx(&cfg, fp4_gemv_tma_kernel<kBf16, MT, WN>, p);
-}
-
-// The blocks resident at once (bf16's kernel; fp16's has the same resources) for the plan.
+// The blocks resident at once (bf16's kernel; fp16's has the same resources): for the plan
+// and cluster_end.
 inline int tma_cluster_slots(int mt, int wn, int splits) {
   if (wn == 4)
     return mt == 1   ? tma_cluster_blocks<true, 1, 4>(splits)
@@ -750,6 +736,25 @@ inline int tma_cluster_slots(int mt, int wn, int splits) {
          : mt == 2 ? tma_cluster_blocks<true, 2, 8>(splits)
          : mt == 4 ? tma_cluster_blocks<true, 4, 8>(splits)
                    : 0;
+}
+
+// Whether a copy-engine call sums its `splits` splits through the cluster: the loader allows it
+// and clusters of that size fit this GPU. fp4_gemv and fp4_gemv_end both ask here.
+inline bool cluster_end(int mt, int wn, int splits) { return g_loader != 2 && tma_cluster_slots(mt, wn, splits) > 0; }
+
+template <bool kBf16, int MT, int WN>
+cudaError_t launch_tma_wn(GemvParams p, int splits, cudaStream_t stream) {
+  const cudaError_t e = tma_attributes<kBf16, MT, WN>();
+  if (e != cudaSuccess) return e;
+  const dim3 grid((p.N / 64 + WN - 1) / WN, splits);
+  p.cluster = cluster_end(MT, WN, splits);
+  if (!p.cluster) {
+    fp4_gemv_tma_kernel<kBf16, MT, WN><<<grid, kThreads + 32, TmaSmem<MT>::bytes(WN), stream>>>(p);
+    return cudaGetLastError();
+  }
+  cudaLaunchAttribute attr;
+  const cudaLaunchConfig_t cfg = tma_config<kBf16, MT, WN>(grid, splits, stream, &attr);
+  return cudaLaunchKernelEx(&cfg, fp4_gemv_tma_kernel<kBf16, MT, WN>, p);
 }
 
 // The copy-engine kernel is built for blocks of 4 and 8 n-tiles (rows of 2 and 4 KB; narrower
@@ -778,6 +783,14 @@ cudaError_t launch(const GemvParams& p, int splits, cudaStream_t stream) {
   dim3 grid(groups, splits);
   fp4_gemv_kernel<kBf16, MT, U><<<grid, kThreads, S::kBytes, stream>>>(p);
   return cudaGetLastError();
+}
+
+// k-tiles per split for `splits` requested over `k_tiles`; `splits` becomes the count launched
+// (none left empty). fp4_gemv and fp4_gemv_end both split here.
+inline int split_k(int k_tiles, int& splits) {
+  const int per_split = (k_tiles + splits - 1) / splits;
+  splits = (k_tiles + per_split - 1) / per_split;
+  return splits == 1 ? k_tiles : per_split;
 }
 
 // Which template serves M rows: m-blocks of 8 rounded up to 1, 2, 4 or 8; fewer tiles in
@@ -863,9 +876,8 @@ int fp4_gemv_end(int M, int N, int K, int wn, int splits) {
   if (M < 1 || M > fp4k::kMaxM || N % 64 || K % 16 || splits < 1 || splits > K / 16) return -1;
   if (!fp4k::use_copy_engine() || !(wn == 4 || wn == 8)) return 0;
   if (fp4k::mt_for(M) == 8 && wn == 8) return -1;  // the copy engine's MT = 8 kernel takes wn 4
-  const int k_tiles = K / 16, per_split = (k_tiles + splits - 1) / splits;
-  splits = (k_tiles + per_split - 1) / per_split;  // as fp4_gemv: no empty split
-  return fp4k::g_loader != 2 && fp4k::tma_cluster_slots(fp4k::mt_for(M), wn, splits) > 0 ? 1 : 2;
+  fp4k::split_k(K / 16, splits);
+  return fp4k::cluster_end(fp4k::mt_for(M), wn, splits) ? 1 : 2;
 }
 
 // Floats of workspace and ints of counters a (M, N, K, wn, splits) call needs.
@@ -908,11 +920,8 @@ int fp4_gemv(const void* x, int lda, int M, int k_in, const void* qweight, const
   p.n_out = n_out;
   p.ldo = ldo;
   p.wn = wn;
-  const int k_tiles = K / 16;
-  p.kt_per_split = (k_tiles + splits - 1) / splits;
+  p.kt_per_split = fp4k::split_k(K / 16, splits);
   p.cluster = 0;  // launch_tma_wn decides
-  splits = (k_tiles + p.kt_per_split - 1) / p.kt_per_split;  // no empty split
-  if (splits == 1) p.kt_per_split = k_tiles;
   cudaStream_t st = reinterpret_cast<cudaStream_t>(stream);
   const int mt = fp4k::mt_for(M);
   cudaError_t e;
