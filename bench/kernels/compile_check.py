@@ -16,7 +16,6 @@ loaded), 256 the overlapped prefill (a side stream and events inside the graph).
 from __future__ import annotations
 
 import argparse
-import hashlib
 import json
 import sys
 import tempfile
@@ -43,9 +42,8 @@ def layers(kernels: fk.Kernels) -> torch.nn.Module:
     t2 = preflight.random_layer(N, K, K, torch.bfloat16, gen)
     t2.weight_output_scale = torch.rand(N, generator=gen, device="cuda") + 0.5
     t2.bias = torch.randn(N, generator=gen, device="cuda").to(torch.bfloat16)
-    dispatch = PATHS
-    first = fk.Fp4Module(fk.Fp4Linear(kernels, t1, dispatch=dispatch))
-    second = fk.Fp4Module(fk.Fp4Linear(kernels, t2, dispatch=dispatch, buffers=first.lin.buf))
+    first = fk.Fp4Module(fk.Fp4Linear(kernels, t1, dispatch=PATHS))
+    second = fk.Fp4Module(fk.Fp4Linear(kernels, t2, dispatch=PATHS, buffers=first.lin.buf))
     for mod in (first, second):
         mod.lin.reserve(MS)
     return torch.nn.Sequential(first, torch.nn.ReLU(), second)
@@ -85,8 +83,7 @@ def main(argv: list[str] | None = None) -> int:
               "command": "python bench/kernels/compile_check.py", "passed": ok,
               "cudagraph_skips": skips, "cases": results,
               # which kernels: check-reports holds them equal to the round's beside this report
-              "kernel_sources": {src.name: hashlib.sha256(src.read_bytes()).hexdigest()
-                                 for src in fk.BUILD_INPUTS}}  # fmt: skip
+              "kernel_sources": fk.source_hashes()}  # fmt: skip
     if args.out:
         args.out.write_text(json.dumps(report, indent=1) + "\n")
     print(f"[compile] {'passed' if ok else 'FAILED'}: {len(results)} cases, "

@@ -73,6 +73,11 @@ def dispatch_for(shape: str | None = None) -> list[tuple[int, str]]:
     return list(DISPATCH.get(shape or "*", DISPATCH["*"]))
 
 
+def source_hashes() -> dict[str, str]:
+    """sha256 of each file the library is built from: which kernels a report measured."""
+    return {src.name: hashlib.sha256(src.read_bytes()).hexdigest() for src in BUILD_INPUTS}
+
+
 def arch_flag(capability: tuple[int, int]) -> str:
     """nvcc target for a device: sm_90a on Hopper, sm_8x on Ampere/Ada; SM75 and older refused."""
     major, minor = capability
@@ -145,7 +150,8 @@ class Kernels:
         if rc != 0:
             raise RuntimeError(f"{what}: {self.lib.fp4k_error_string(rc).decode()} (code {rc})")
 
-    LOADERS = ("ring", "copy", "copy-ws")
+    LOADERS = ("ring", "copy", "copy-ws")  # fp4_gemv_loader's answers, by number
+    DEFAULT, RING, COPY, COPY_WS = -1, 0, 1, 2  # what loader() and using() take
 
     def loader(self, which: int = -1) -> str:
         """Select the gemv's weight loader: -1 (the default) or 1 the copy engine where the
@@ -303,7 +309,8 @@ class Fp4Linear:
     def reserve(self, ms: Sequence[int], configs: Sequence[tuple[int, int]] = ()) -> None:
         """Allocate the workspace the given M (and explicit (wn, splits)) need, before capture:
         for the loader in effect and, where the dispatch takes it, the workspace end's plan."""
-        ends = [self.k.asked] + ([2] if any(p == "gemv_ws" for _, p in self.dispatch) else [])
+        takes_ws = any(p == "gemv_ws" for _, p in self.dispatch)
+        ends = [self.k.asked] + ([Kernels.COPY_WS] if takes_ws else [])
         need = 0
         for which in ends:
             with self.k.using(which):
@@ -430,7 +437,7 @@ class Fp4Linear:
         if path == "gemv" and x.shape[0] <= MAX_GEMV_M:
             return self.gemv(x)
         if path == "gemv_ws" and x.shape[0] <= MAX_GEMV_M:
-            with self.k.using(2):
+            with self.k.using(Kernels.COPY_WS):
                 return self.gemv(x)
         if path == "marlin" and self.marlin is not None:
             return self.marlin(x)

@@ -63,7 +63,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             lin.gemv(x)
             marlin(x)
         torch.cuda.synchronize()
-        ends = [-1, 2] if kernels.copy_engine else [-1]
+        ends = [fk.Kernels.DEFAULT] + ([fk.Kernels.COPY_WS] if kernels.copy_engine else [])
         plans = []
         for which in ends:
             with kernels.using(which) as name:

@@ -25,7 +25,6 @@ Usage: python bench/kernels/run_round.py --out DIR [--shapes a,b] [--ms 1,2,...]
 from __future__ import annotations
 
 import argparse
-import hashlib
 import json
 import math
 import os
@@ -58,7 +57,7 @@ FP16_SHAPES = ("qkv_8b", "down_8b")
 FP16_MS = (1, 8, 16, 64, 1024)
 SWEEP_MS = (1, 16)
 # the gemv's loader per checked path (Kernels.loader): the ring, round 3's workspace end
-LOADER_OF = {"gemv_ring": 0, "gemv_ws": 2}
+LOADER_OF = {"gemv_ring": fk.Kernels.RING, "gemv_ws": fk.Kernels.COPY_WS}
 # the gemv paths the dispatch may take on this GPU: the default end and round 3's (SM90); the
 # ring is what SM80-89 run, timed beside on SM90 but not a path there
 GEMV_PATHS = ("gemv", "gemv_ws")
@@ -295,7 +294,7 @@ def same_bits_both_ends(name: str, dtype: torch.dtype, lin: fk.Fp4Linear,
     try:
         lin.reserve([m], [(wn, splits)])
         out, _, _ = run_gemv_checked(lin, x, (wn, splits))
-        with lin.k.using(2):
+        with lin.k.using(fk.Kernels.COPY_WS):
             out_ws, _, counters = run_gemv_checked(lin, x, (wn, splits))
         case.update(bitwise_equal=bool(torch.equal(out, out_ws)), counters_reset=counters == 0,
                     all_written=bool(torch.isfinite(out).all()),
@@ -666,8 +665,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         library=so.name, capability=list(cap), complete=False, errors=[], scratch={},
         shapes_skipped_for_budget=[], layout_checks=[], cases=[], rows=[], sweeps={},
         # which kernels ran: series_revision names the series (on a GPU host, the bundle's)
-        kernel_sources={src.name: hashlib.sha256(src.read_bytes()).hexdigest()
-                        for src in fk.BUILD_INPUTS},
+        kernel_sources=fk.source_hashes(),
     )  # fmt: skip
 
     def save() -> None:

@@ -35,9 +35,7 @@ def check_round(round_dir: Path, problems: list[str]) -> None:
     for file in ROUND_FILES:
         if not (round_dir / file).is_file():
             problems.append(f"{round_dir.name}: {file} missing (run_round.py writes it)")
-    found: list[str] = []
-    data = _load(round_dir / "kernels.json", found)
-    problems += [f"{round_dir.name}/{p}" for p in found]
+    data = _load_round_file(round_dir, "kernels.json", problems)
     if data is None:
         return
     _check_meta(name, data, problems)
@@ -51,13 +49,19 @@ def check_round(round_dir: Path, problems: list[str]) -> None:
         _check_compile(round_dir, problems, data)
 
 
+def _load_round_file(round_dir: Path, file: str, problems: list[str]) -> Any:
+    """A round's JSON file, or None with its problem named after the round."""
+    found: list[str] = []
+    data = _load(round_dir / file, found)
+    problems += [f"{round_dir.name}/{p}" for p in found]
+    return data
+
+
 def _check_compile(round_dir: Path, problems: list[str], kernels: Mapping[str, Any]) -> None:
     """torch.compile(fullgraph=True) and its CUDA graphs gave the eager bits in every case, on
     the round's kernel sources where the report names them."""
     name = f"{round_dir.name}/{COMPILE_FILE}"
-    found: list[str] = []
-    data = _load(round_dir / COMPILE_FILE, found)
-    problems += [f"{round_dir.name}/{p}" for p in found]
+    data = _load_round_file(round_dir, COMPILE_FILE, problems)
     if data is None:
         return
     cases = data.get("cases")
