@@ -6,7 +6,7 @@ sets that up, from a bundle on an offline host):
 1. builds ``fp4_gemv.cu`` + ``fp4_dequant.cu`` with nvcc (seconds; ptxas report and SASS
    instruction counts into ``build.txt``);
 2. proves the layout model: SGLang's real ``gptq_marlin_repack`` output equals
-   ``marlin_layout.repack_codes``, and a prepared layer's bytes decode (model and the dequant
+   ``_marlin_layout.repack_codes``, and a prepared layer's bytes decode (model and the dequant
    kernel) to the checkpoint's fp32 weights;
 3. for the eight Llama-3.1 shapes of bench_fp4_marlin.py: a layer with random FP4 codes and
    non-uniform block scales through ``prepare_nvfp4_layer_for_marlin``, the new paths checked
@@ -42,13 +42,13 @@ import torch
 
 HERE = Path(__file__).resolve().parent
 REPO = HERE.parents[1]
-for _p in (HERE, REPO / "bench", REPO / "tests" / "gpu", REPO / "src"):
+for _p in (HERE, REPO / "bench", REPO / "tests" / "gpu", REPO / "tests" / "sglang", REPO / "src"):
     if str(_p) not in sys.path:
         sys.path.insert(0, str(_p))
 
+import _marlin_layout as ml  # noqa: E402
 import bench_fp4_marlin as bfm  # noqa: E402
 import fp4_kernels as fk  # noqa: E402
-import marlin_layout as ml  # noqa: E402
 import sass_mix  # noqa: E402
 
 MS = (1, 2, 4, 8, 16, 32, 64, 256, 1024)

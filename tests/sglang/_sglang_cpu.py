@@ -535,6 +535,56 @@ class MarlinStubs:
         )
 
 
+def prepare_nvfp4_dense(module, monkeypatch, n: int, k: int, dtype: torch.dtype, *,
+                        smallest: float, g: float, scale_div: float = 1.0):  # fmt: skip
+    """A dense NVFP4 layer [N, K] through the real ``prepare_nvfp4_layer_for_marlin`` of MODULE
+    (marlin_utils_fp4), only the CUDA repack replaced by the layout model (_marlin_layout.py,
+    proven equal to the repack kernel on the GPU) and SM90 reported. The checkpoint: every FP4
+    code, block scales spread over [SMALLEST, 448] (non-uniform), divided by SCALE_DIV, global
+    multiplier G. Returns (checkpoint: packed, scales, codes; the prepared layer)."""
+    import _marlin_layout
+
+    monkeypatch.setattr(
+        module, "gptq_marlin_repack", _marlin_layout.gptq_marlin_repack_model, raising=False
+    )
+    monkeypatch.setattr(
+        module, "marlin_make_workspace", lambda d, max_blocks_per_sm=1: torch.zeros(1)
+    )
+    monkeypatch.setattr(module, "get_device_capability", lambda device_id=0: (9, 0))
+    gen = torch.Generator().manual_seed(n * 31 + k)
+    codes = torch.randint(0, 16, (n, k), generator=gen, dtype=torch.uint8)
+    lo = int(torch.tensor(smallest).to(torch.float8_e4m3fn).view(torch.uint8))
+    scales = fp8_scales((n, k // 16), lo, 0x7E, seed=n + k)  # 0x7E: 448
+    if scale_div != 1.0:  # the checkpoint's scales, all below 448 / scale_div
+        scales = (scales.float() / scale_div).to(torch.float8_e4m3fn)
+    packed = (codes[:, 0::2] | (codes[:, 1::2] << 4)).contiguous()
+    layer = torch.nn.Module()
+    layer.weight = torch.nn.Parameter(packed.clone(), requires_grad=False)
+    layer.weight_scale = torch.nn.Parameter(scales.clone(), requires_grad=False)
+    layer.weight_global_scale = torch.nn.Parameter(torch.tensor(g), requires_grad=False)
+    layer.output_size_per_partition, layer.input_size_per_partition = n, k
+    layer.params_dtype = dtype
+    module.prepare_nvfp4_layer_for_marlin(layer)
+    return types.SimpleNamespace(packed=packed, scales=scales, codes=codes), layer
+
+
+FP4_E2M1 = (0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0)
+
+
+def nvfp4_weight(codes: torch.Tensor, scales: torch.Tensor, g: float) -> torch.Tensor:
+    """fp64 [N, K] a checkpoint stands for: E2M1 code (sign in bit 3) x its block scale
+    (one per 16 along K) x the global multiplier G. Straight from the checkpoint's tensors."""
+    c = codes.long()
+    value = torch.tensor(FP4_E2M1, dtype=torch.float64)[c & 7] * torch.where(c >= 8, -1.0, 1.0)
+    return value * scales.double().repeat_interleave(16, dim=-1) * g
+
+
+def rel_l2(out: torch.Tensor, ref: torch.Tensor) -> float:
+    """||out - ref|| / ||ref|| in fp64."""
+    ref = ref.double()
+    return float((out.double() - ref).norm() / ref.norm())
+
+
 # ------------------------- independent decoders of what the Marlin FP4 kernels read (bit ops)
 
 FP16, BF16 = torch.float16, torch.bfloat16

@@ -1,6 +1,6 @@
 """CPU proof of the new NVFP4 kernels' reading of the Marlin layout (bench/kernels/).
 
-``bench/kernels/marlin_layout.py`` models the layout ``prepare_nvfp4_layer_for_marlin`` leaves
+``tests/sglang/_marlin_layout.py`` models the layout ``prepare_nvfp4_layer_for_marlin`` leaves
 (repack permutation, scale order and bytes, global scale) forward and inverse; the kernels in
 ``fp4_gemv.cu`` / ``fp4_dequant.cu`` decode it through the fragment and scale-byte tables the
 model states. Here, without a GPU:
@@ -32,8 +32,9 @@ sys.path.insert(0, str(ROOT / "bench" / "kernels"))
 sys.path.insert(0, str(ROOT / "tests" / "gpu"))
 # sgl_kernel's scalar types: installed at session start by the harness (conftest, _sglang_cpu)
 
-import marlin_layout as ml  # noqa: E402
-from _reference import dequant_nvfp4, random_nvfp4_weight  # noqa: E402
+import _marlin_layout as ml  # noqa: E402
+from _reference import dequant_nvfp4  # noqa: E402
+from _sglang_cpu import prepare_nvfp4_dense  # noqa: E402
 
 FP16, BF16 = torch.float16, torch.bfloat16
 
@@ -163,21 +164,8 @@ def test_scale_positions_form_a_permutation():
 
 def _prepare(m, monkeypatch, n: int, k: int, dtype: torch.dtype, smallest: float, g: float,
              scale_div: float = 1.0):  # fmt: skip
-    monkeypatch.setattr(m, "gptq_marlin_repack", ml.gptq_marlin_repack_model, raising=False)
-    monkeypatch.setattr(m, "marlin_make_workspace", lambda d, max_blocks_per_sm=1: torch.zeros(1))
-    monkeypatch.setattr(m, "get_device_capability", lambda device_id=0: (9, 0))
-    gen = torch.Generator().manual_seed(n * 31 + k)
-    w = random_nvfp4_weight(n, k, gen, smallest=smallest)
-    if scale_div != 1.0:  # the checkpoint's scales, all below 448 / scale_div
-        w.scales = (w.scales.float() / scale_div).to(torch.float8_e4m3fn)
-    layer = torch.nn.Module()
-    layer.weight = torch.nn.Parameter(w.packed.clone(), requires_grad=False)
-    layer.weight_scale = torch.nn.Parameter(w.scales.clone(), requires_grad=False)
-    layer.weight_global_scale = torch.nn.Parameter(torch.tensor(g), requires_grad=False)
-    layer.output_size_per_partition, layer.input_size_per_partition = n, k
-    layer.params_dtype = dtype
-    m.prepare_nvfp4_layer_for_marlin(layer)
-    return w, layer
+    return prepare_nvfp4_dense(m, monkeypatch, n, k, dtype, smallest=smallest, g=g,
+                               scale_div=scale_div)  # fmt: skip
 
 
 @pytest.mark.parametrize("dtype", [FP16, BF16])

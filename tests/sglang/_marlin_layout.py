@@ -17,6 +17,10 @@ proven on a CPU: ``repack_codes`` is the model of the repack, ``unrepack_codes``
 ``fragment_coords`` the view the GEMV kernel decodes (weights as the A operand of
 ``mma.m16n8k16``), ``scale_byte_coords`` the view of its 8-byte scale load, and ``dequant``
 the fp32 weights the whole layout stands for.
+
+It lives beside the SGLang CPU harness because the series' CPU tests build Marlin layers with
+it (``_sglang_cpu.prepare_nvfp4_dense``) wherever they run, PR branches included; the GPU
+kernel rounds (bench/kernels/run_round.py) check it against the real repack on the GPU.
 """
 
 from __future__ import annotations
