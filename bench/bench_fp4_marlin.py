@@ -9,6 +9,10 @@ Method (what bench.md states):
   We report the MEDIAN over ``--replays`` replays (the best is kept as ``*_best_us``).
 * Roofline: (N*K/2 + N*K/16 + 2*M*K + 2*M*N) bytes / device-to-device copy bandwidth measured
   at the start of the same run (bytes read + written).
+* FP4 (``fp4_us``): the series' ``apply_fp4_marlin_linear`` with its Marlin GEMM, also where
+  the series takes another path; ``dispatch_us`` / ``dispatch_path``: the same op as a model
+  runs it (from M = 256 on SM90 the weights dequantized for cuBLAS, nvfp4_marlin_prefill;
+  where the path is Marlin, dispatch_us is fp4_us: the same call).
 * INT4: the pin's ``gptq_marlin_gemm`` with ``uint4b8``, group size 128 (GPTQ as run today).
 * Upstream 0.5.23: its own ``gptq_marlin_gemm`` wrapper and JIT module (``sglang.kernels``),
   run in a subprocess with the 0.5.23 tree on PYTHONPATH, on the same Marlin-layout tensors
@@ -23,6 +27,7 @@ Usage: python bench/bench_fp4_marlin.py --out reports/h200 [--upstream-tree DIR]
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import math
 import os
@@ -31,7 +36,7 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -41,7 +46,8 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO / "tests" / "gpu"))
 sys.path.insert(0, str(REPO / "src"))
 
-MS = (1, 2, 4, 8, 16, 32, 64, 128, 256, 1024)
+MS = (1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024, 4096)
+DEQUANT_FROM = 128  # the dequant + cuBLAS path is also timed forced from this M on (dequant_us)
 # name -> (N, K): Llama-3.1-8B and -70B projections at TP=1.
 SHAPES: dict[str, tuple[int, int]] = {
     "qkv_8b": (6144, 4096),
@@ -151,7 +157,43 @@ def fp4_weight_tensors(n: int, k: int, seed: int) -> dict[str, torch.Tensor]:
     }
 
 
+def dispatch_path(m: int) -> str:
+    """The GEMM the series' dense NVFP4 linear runs for M rows on this GPU."""
+    try:
+        from sglang.srt.layers.quantization.nvfp4_marlin_prefill import use_dequant_gemm
+    except ImportError:  # a series without the prefill path
+        return "marlin"
+    return "dequant+cublas" if use_dequant_gemm(m, torch.device("cuda")) else "marlin"
+
+
+def has_dequant_path() -> bool:
+    """Whether the series under test has the dequant + cuBLAS path (on any GPU)."""
+    from sglang.srt.layers.quantization import marlin_utils_fp4
+
+    return hasattr(marlin_utils_fp4, "use_dequant_gemm")
+
+
+@contextlib.contextmanager
+def path_forced(dequant: bool) -> Iterator[None]:
+    """apply_fp4_marlin_linear with one path at every M: Marlin (the fp4_us column) or the
+    dequant + cuBLAS path (dequant_us); a series without the latter only has Marlin."""
+    from sglang.srt.layers.quantization import marlin_utils_fp4
+
+    chooser = getattr(marlin_utils_fp4, "use_dequant_gemm", None)
+    if chooser is None:
+        yield
+        return
+    marlin_utils_fp4.use_dequant_gemm = lambda m, device: dequant
+    try:
+        yield
+    finally:
+        marlin_utils_fp4.use_dequant_gemm = chooser
+
+
 def bench_fp4(n: int, k: int, base: dict[str, torch.Tensor], ms: Sequence[int], replays: int):
+    """apply_fp4_marlin_linear per M, in microseconds (median, best): Marlin's time, the
+    dispatch's (timed only where it takes another path), and from DEQUANT_FROM on the dequant +
+    cuBLAS path forced (where the series has it), which places the crossover."""
     from sglang.srt.layers.quantization.marlin_utils import marlin_make_workspace
     from sglang.srt.layers.quantization.marlin_utils_fp4 import apply_fp4_marlin_linear
 
@@ -160,7 +202,7 @@ def bench_fp4(n: int, k: int, base: dict[str, torch.Tensor], ms: Sequence[int], 
         {k2: v.clone() for k2, v in base.items()} for _ in range(copies_for(per_copy) - 1)
     ]
     ws = marlin_make_workspace(torch.device("cuda"))
-    out = {}
+    marlin, dispatch, dequant = {}, {}, {}
     for m in ms:
         x = torch.randn(m, k, device="cuda", dtype=DTYPE)
         fns = [
@@ -171,8 +213,14 @@ def bench_fp4(n: int, k: int, base: dict[str, torch.Tensor], ms: Sequence[int], 
             )
             for c in copies
         ]
-        out[m] = time_graph(rotation(fns), replays)
-    return out
+        with path_forced(dequant=False):
+            marlin[m] = time_graph(rotation(fns), replays)
+        if m >= DEQUANT_FROM and has_dequant_path():
+            with path_forced(dequant=True):
+                dequant[m] = time_graph(rotation(fns), replays)
+        served = dispatch_path(m) != "marlin"
+        dispatch[m] = time_graph(rotation(fns), replays) if served else marlin[m]
+    return marlin, dispatch, dequant
 
 
 def bench_bf16(n: int, k: int, ms: Sequence[int], replays: int):
@@ -370,6 +418,9 @@ def bench_moe(ms: Sequence[int], replays: int, bw: float) -> tuple[list[dict[str
         row: dict[str, Any] = {"shape": f"moe_e{e}_top{topk}_h{h}_i{inter}", "kind": "moe",
                                "m": m, "n": inter, "k": h, "e": e, "topk": topk}  # fmt: skip
         row["fp4_us"], row["fp4_best_us"] = time_graph(rotation(fp4_fns, 16), replays)
+        # the MoE stays on Marlin at every M: the dispatch is the same call
+        row["dispatch_us"], row["dispatch_best_us"] = row["fp4_us"], row["fp4_best_us"]
+        row["dispatch_path"] = "marlin"
         for name, impl in (("int4", int4), ("bf16", bf16)):
             if isinstance(impl, str):
                 row[f"{name}_us"] = None
@@ -465,11 +516,14 @@ def write_markdown(data: dict[str, Any], path: Path) -> None:
         "",
         "Columns: microseconds per call (median of replays); ratios > 1 mean FP4 is faster "
         "(bf16/FP4, INT4/FP4, upstream/FP4); roofline/FP4 is the fraction of the HBM roofline "
-        "reached.",
+        "reached. FP4 = FP4 Marlin; dispatch = the series' linear as served (its path); "
+        "dequant = its dequant + cuBLAS path forced (from M = 128, where the series has it); "
+        "FP4/disp and bf16/disp: > 1 where the dispatch is faster.",
         "",
-        "| shape | N | K | M | FP4 us | bf16 us | INT4 us | upstream 0.5.23 us | roofline us "
-        "| bf16/FP4 | INT4/FP4 | up/FP4 | roof/FP4 |",
-        "|---|---|---|---|---|---|---|---|---|---|---|---|---|",
+        "| shape | N | K | M | FP4 us | dispatch us | path | dequant us | bf16 us | INT4 us "
+        "| upstream 0.5.23 us | roofline us | bf16/FP4 | INT4/FP4 | up/FP4 | roof/FP4 "
+        "| FP4/disp | bf16/disp |",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     for r in data["rows"]:
 
@@ -478,11 +532,15 @@ def write_markdown(data: dict[str, Any], path: Path) -> None:
 
         lines.append(
             f"| {r['shape']} | {r['n']} | {r['k']} | {r['m']} | {f(r['fp4_us'])} | "
+            f"{f(r.get('dispatch_us'))} | {r.get('dispatch_path', '-')} | "
+            f"{f(r.get('dequant_us'))} | "
             f"{f(r.get('bf16_us'))} | {f(r.get('int4_us'))} | {f(r.get('upstream_fp4_us'))} | "
             f"{f(r['roofline_us'])} | {_ratio(r.get('bf16_us'), r['fp4_us'])} | "
             f"{_ratio(r.get('int4_us'), r['fp4_us'])} | "
             f"{_ratio(r.get('upstream_fp4_us'), r['fp4_us'])} | "
-            f"{_ratio(r['roofline_us'], r['fp4_us'])} |"
+            f"{_ratio(r['roofline_us'], r['fp4_us'])} | "
+            f"{_ratio(r['fp4_us'], r.get('dispatch_us'))} | "
+            f"{_ratio(r.get('bf16_us'), r.get('dispatch_us'))} |"
         )
     for key in ("upstream_note", "moe_note"):
         if data.get(key):
@@ -532,7 +590,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         t_shape = time.time()
         n, k = SHAPES[shape]
         base = fp4_weight_tensors(n, k, seed=100 + i)
-        fp4 = bench_fp4(n, k, base, ms, args.replays)
+        fp4, dispatch, dequant = bench_fp4(n, k, base, ms, args.replays)
         bf16 = bench_bf16(n, k, ms, args.replays)
         int4 = bench_int4(n, k, ms, args.replays)
         fp4_tensors[shape] = base
@@ -542,6 +600,9 @@ def main(argv: Sequence[str] | None = None) -> int:
                 "fp4_us": fp4[m][0], "bf16_us": bf16[m][0], "int4_us": int4[m][0],
                 "roofline_us": roofline_us(m, n, k, bw), "upstream_fp4_us": None,
                 "fp4_best_us": fp4[m][1], "bf16_best_us": bf16[m][1], "int4_best_us": int4[m][1],
+                "dispatch_us": dispatch[m][0], "dispatch_best_us": dispatch[m][1],
+                "dispatch_path": dispatch_path(m),
+                "dequant_us": dequant[m][0] if m in dequant else None,
             })  # fmt: skip
         print(f"[bench] {shape}: done at {time.time() - t0:.0f} s", flush=True)
         torch.cuda.empty_cache()
@@ -581,7 +642,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     data.update(
         method=(
             f"median of {args.replays} CUDA-graph replays, >= 24 calls per graph, weights rotated "
-            f"over >= 3x L2 ({l2_bytes() / 2**20:.0f} MiB); bf16 activations; INT4 = GPTQ uint4b8 "
+            f"over >= 3x L2 ({l2_bytes() / 2**20:.0f} MiB); bf16 activations; FP4 = the series' "
+            "apply_fp4_marlin_linear with its Marlin GEMM at every M, dispatch = the same op as "
+            "served (dispatch_path; = FP4 where that is Marlin); INT4 = GPTQ uint4b8 "
             f"g{INT4_GROUP}; MoE E={MOE['e']} top-{MOE['topk']} hidden {MOE['hidden']} "
             f"inter {MOE['inter']}, MoE roofline counts the expected touched experts"
         ),

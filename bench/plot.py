@@ -1,4 +1,5 @@
-"""Plot bench.json: FP4 Marlin speed-up versus M, one line per shape, against each baseline.
+"""Plot bench.json: speed-ups versus M, one line per shape: FP4 Marlin against each baseline,
+and the series' dispatch (Marlin, or dequant + cuBLAS at prefill sizes) against bf16 and Marlin.
 
 Usage: python bench/plot.py reports/h200/bench.json reports/h200/bench.png
 """
@@ -11,21 +12,25 @@ from collections import defaultdict
 from pathlib import Path
 from typing import Any
 
-PANELS = (
-    ("bf16_us", "bf16 cuBLAS time / FP4 Marlin time"),
-    ("int4_us", "INT4 GPTQ Marlin time / FP4 Marlin time"),
-    ("upstream_fp4_us", "upstream 0.5.23 FP4 time / patched FP4 time"),
-    ("roofline_us", "HBM roofline / FP4 Marlin time (fraction reached)"),
+PANELS = (  # (numerator, denominator, title)
+    ("bf16_us", "fp4_us", "bf16 cuBLAS time / FP4 Marlin time"),
+    ("bf16_us", "dispatch_us", "bf16 cuBLAS time / the series' dispatch time"),
+    ("int4_us", "fp4_us", "INT4 GPTQ Marlin time / FP4 Marlin time"),
+    ("fp4_us", "dispatch_us", "FP4 Marlin time / the series' dispatch time"),
+    ("upstream_fp4_us", "fp4_us", "upstream 0.5.23 FP4 time / patched FP4 time"),
+    ("roofline_us", "fp4_us", "HBM roofline / FP4 Marlin time (fraction reached)"),
 )
 
 
-def speedups(rows: list[dict[str, Any]], baseline: str) -> dict[str, list[tuple[int, float]]]:
-    """shape -> [(M, baseline_us / fp4_us)] for rows where both numbers exist, M ascending."""
+def speedups(
+    rows: list[dict[str, Any]], baseline: str, over: str = "fp4_us"
+) -> dict[str, list[tuple[int, float]]]:
+    """shape -> [(M, baseline_us / over_us)] for rows where both numbers exist, M ascending."""
     series: dict[str, list[tuple[int, float]]] = defaultdict(list)
     for row in rows:
-        base, fp4 = row.get(baseline), row.get("fp4_us")
-        if base and fp4:
-            series[row["shape"]].append((int(row["m"]), float(base) / float(fp4)))
+        base, new = row.get(baseline), row.get(over)
+        if base and new:
+            series[row["shape"]].append((int(row["m"]), float(base) / float(new)))
     return {shape: sorted(points) for shape, points in series.items()}
 
 
@@ -35,9 +40,9 @@ def plot_bench(data: dict[str, Any], out: Path) -> Path:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    fig, axes = plt.subplots(2, 2, figsize=(14, 10), sharex=True)
-    for ax, (baseline, title) in zip(axes.flat, PANELS, strict=True):
-        for shape, points in speedups(data["rows"], baseline).items():
+    fig, axes = plt.subplots(3, 2, figsize=(14, 14), sharex=True)
+    for ax, (baseline, over, title) in zip(axes.flat, PANELS, strict=True):
+        for shape, points in speedups(data["rows"], baseline, over).items():
             ms, ys = zip(*points, strict=True)
             style = "--" if shape.startswith("moe") else "-"
             ax.plot(ms, ys, style, marker="o", markersize=3, label=shape)
@@ -53,7 +58,7 @@ def plot_bench(data: dict[str, Any], out: Path) -> Path:
     fig.legend(labels.values(), labels.keys(), loc="lower center", ncol=5, fontsize=8)
     fig.suptitle(
         f"NVFP4 Marlin (W4A16) on {data.get('device', '?')}, bf16 activations: "
-        "ratio > 1 = FP4 faster"
+        "ratio > 1 = the denominator is faster"
     )
     fig.tight_layout(rect=(0, 0.06, 1, 0.97))
     out.parent.mkdir(parents=True, exist_ok=True)

@@ -61,6 +61,11 @@ PATHS = DENSE_PATHS + MOE_PATHS
 DTYPES = ("float16", "bfloat16")
 TRACING_CHECKS = ("cuda_graph", "torch_compile")
 BENCH_MS = (1, 2, 4, 8, 16, 32, 64, 128, 256, 1024)
+# bench.json's dispatch_path: the GEMM the series' dense linear runs (nvfp4_marlin_prefill); a
+# path other than Marlin may not be slower than Marlin in the same run beyond timing noise.
+DISPATCH_PATHS = ("marlin", "dequant+cublas")
+DISPATCH_SLACK = 1.02
+BENCH_DISPATCH_REQUIRED = False  # set once a committed bench.json has the columns
 META_FIELDS = ("command", "series_revision", "pin", "device", "torch", "date")
 REVISION_ENV = "FP4SERIES_SERIES_REVISION"  # JSON, set where the repo has no .git (device)
 DEFAULT_REPORT_DIR = Path("reports") / "h200"
@@ -468,6 +473,13 @@ def check_numerics(data: Mapping[str, Any], problems: list[str], line: str | Non
                 problems.append(f"{name}: tracing check {check!r} not recorded")
             elif not all(t.get("passed") is True for t in entries):
                 problems.append(f"{name}: tracing check {check!r} did not pass")
+        for entry in tracing:  # further checks (e.g. "cuda_graph_m1024"): passed where recorded
+            named = isinstance(entry, Mapping) and entry.get("name") in TRACING_CHECKS
+            if isinstance(entry, Mapping) and not named and entry.get("passed") is not True:
+                problems.append(f"{name}: tracing check {entry.get('name')!r} did not pass")
+    for record in data.get("prefill_dequant") or ():  # patch 13's kernel, bit for bit
+        if not (isinstance(record, Mapping) and record.get("bit_equal") is True):
+            problems.append(f"{name}: prefill dequant not bit-equal to the checkpoint: {record}")
     check_fused_shards(data, problems)
     # a line's proof does not run the tensor-parallel suite (yet): checked where present
     check_tensor_parallel(data, problems, required=TENSOR_PARALLEL_REQUIRED and line is None)
@@ -776,6 +788,8 @@ def check_bench(data: Mapping[str, Any], problems: list[str]) -> None:
                     problems.append(f"{where} ({shape}): {field} is null without a note")
             elif not (_is_num(value) and value > 0):
                 problems.append(f"{where} ({shape} m={row.get('m')}): {field} missing or <= 0")
+        if BENCH_DISPATCH_REQUIRED or "dispatch_us" in row:
+            _check_dispatch(where, shape, row, problems)
         up = row.get("upstream_fp4_us", "absent")
         if up == "absent":
             problems.append(f"{where} ({shape}): missing upstream_fp4_us (null + note if not run)")
@@ -795,6 +809,24 @@ def check_bench(data: Mapping[str, Any], problems: list[str]) -> None:
         missing = sorted(set(BENCH_MS) - ms)
         if missing:
             problems.append(f"{name}: shape {shape} lacks M in {missing}")
+
+
+def _check_dispatch(where: str, shape: str, row: Mapping[str, Any], problems: list[str]) -> None:
+    """The series' linear as served beside FP4 Marlin: its time and path, and where it leaves
+    Marlin, not slower than Marlin in the same run (its crossovers were measured)."""
+    label = f"{where} ({shape} m={row.get('m')})"
+    dispatch, fp4 = row.get("dispatch_us"), row.get("fp4_us")
+    if not (_is_num(dispatch) and dispatch > 0):
+        problems.append(f"{label}: dispatch_us missing or <= 0")
+        return
+    path = row.get("dispatch_path")
+    if path not in DISPATCH_PATHS:
+        problems.append(f"{label}: dispatch_path {path!r} is not one of {DISPATCH_PATHS}")
+    elif path != "marlin" and _is_num(fp4) and dispatch > fp4 * DISPATCH_SLACK:
+        problems.append(
+            f"{label}: the dispatch ({path}, {dispatch:.1f} us) is slower than FP4 Marlin "
+            f"({fp4:.1f} us): move its crossover"
+        )
 
 
 def _positive(value: object) -> bool:

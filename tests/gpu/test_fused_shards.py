@@ -64,7 +64,7 @@ LAYERS = {
     "gate_up": {0: 14336, 1: 14336},
 }
 RATIOS = (2.0, 0.5, 1e-3)
-MS = (1, 33, 256)
+MS = (1, 33, 256, 1024)  # 1024: on SM90 the dequant + cuBLAS path (nvfp4_marlin_prefill)
 DENSE_PATHS = ("modelopt-dense", "ct-dense")
 MOE_PATHS = ("modelopt-moe", "ct-moe")
 MOE_W3_OVER_W1 = {2.0: "served", 0.5: "served", 3.0: "served", 1e-3: "served"}

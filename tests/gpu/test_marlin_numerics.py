@@ -63,7 +63,8 @@ DENSE_SHAPES: dict[str, tuple[int, int, tuple[int, ...]]] = {
     # N % 64 != 0 and K % 128 != 0 (K % 16 == 0 as NVFP4 requires): Marlin needs padding.
     "pad_1000x2080": (1000, 2080, (1000,)),
 }
-DENSE_MS = (1, 7, 16, 33, 128, 1024)
+# 512 and 1024: on SM90 the series runs these through nvfp4_marlin_prefill (dequant + cuBLAS)
+DENSE_MS = (1, 7, 16, 33, 128, 511, 512, 1024)
 DTYPES = {"float16": torch.float16, "bfloat16": torch.bfloat16}
 # MoE layer: hidden 2048, intermediate 1408 (Qwen1.5-MoE-A2.7B-like), E x top-k below.
 MOE_HIDDEN = 2048
@@ -76,7 +77,7 @@ MOE_PATHS = ("modelopt-moe", "ct-moe")
 # order it gives rel L2 ~1; the 0.5 * randn bias of the other cases is ~0.1 of the output.
 STRONG_BIAS = 1.0
 STRONG_BIAS_SHAPE = "o_8b"
-STRONG_BIAS_MS = (1, 33, 128)
+STRONG_BIAS_MS = (1, 33, 128, 1024)
 DEV = _jitenv.device()  # "cuda"; "cpu" in a dry run (_dryrun.py)
 
 MODELOPT_HF_QUANT_CONFIG: dict[str, Any] = {
@@ -279,6 +280,16 @@ def _case(path: str, dtype: torch.dtype, m: int, n: int, k: int, bias: bool) -> 
     return case
 
 
+def dense_gemm(m: int) -> str:
+    """The GEMM the tree's dense NVFP4 linear runs for M rows on this GPU: "dequant+cublas"
+    where nvfp4_marlin_prefill takes it (the pin's patch 13), else "marlin"."""
+    try:
+        from sglang.srt.layers.quantization.nvfp4_marlin_prefill import use_dequant_gemm
+    except ImportError:  # a tree without it (a line, a bare release)
+        return "marlin"
+    return "dequant+cublas" if use_dequant_gemm(m, torch.device(DEV)) else "marlin"
+
+
 def _finite(value: float) -> float | None:
     return value if value == value and value not in (float("inf"), float("-inf")) else None
 
@@ -316,6 +327,7 @@ def run_dense(
     for m in ms:
         case = _case(path, dtype, m, n, k, bias)
         case["shape"] = shape
+        case["gemm"] = dense_gemm(m)
         if bias_scale is not None:
             case["bias_scale"] = bias_scale
         x = torch.randn(m, k, generator=gen, device=DEV).to(dtype)
@@ -595,6 +607,42 @@ def test_dense_strong_bias(path: str, dtype: str, gpu_report: Any) -> None:
     gpu_report.add_cases(cases)
     bad = _fails(cases)
     assert not bad, f"{path} {dtype} {STRONG_BIAS_SHAPE} bias x{STRONG_BIAS}: " + "; ".join(bad)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("dtype", list(DTYPES))
+def test_prefill_dequant_is_the_checkpoint_rounded_once(dtype: str, gpu_report: Any) -> None:
+    """nvfp4_marlin_prefill's kernel on a layer the real preparation made (padded: N 1000,
+    K 2080): fp4 * block scale * global scale rounded once to the dtype, bit for bit, against
+    the checkpoint's codes and scales (block scales >= 2^-6: no power of two folded in)."""
+    prefill = pytest.importorskip("sglang.srt.layers.quantization.nvfp4_marlin_prefill")
+    from sglang.srt.layers.quantization.marlin_utils_fp4 import prepare_nvfp4_layer_for_marlin
+
+    act = DTYPES[dtype]
+    n, k = 1000, 2080
+    gen = torch.Generator(device=DEV).manual_seed(2080)
+    w = random_nvfp4_weight(n, k, gen, smallest=2.0**-6)
+    layer = torch.nn.Module()
+    layer.weight = torch.nn.Parameter(w.packed.clone(), requires_grad=False)
+    layer.weight_scale = torch.nn.Parameter(w.scales.clone(), requires_grad=False)
+    layer.weight_global_scale = torch.nn.Parameter(
+        torch.tensor(RECIPE_MULTIPLIER, device=DEV), requires_grad=False
+    )
+    layer.output_size_per_partition, layer.input_size_per_partition = n, k
+    layer.params_dtype = act
+    prepare_nvfp4_layer_for_marlin(layer)
+    bias = {torch.float16: 14, torch.bfloat16: 126}[act]
+    g_eff = layer.weight_global_scale.data.reshape(-1)[0].float().item() * 2.0 ** -(bias - 7)
+    out = torch.full((n, k), float("nan"), dtype=act, device=DEV)
+    prefill.dequant_nvfp4_marlin(
+        layer.weight, layer.weight_scale, layer.weight_global_scale, 0, n, k, out
+    )
+    ref = dequant_nvfp4(w.packed, w.scales, g_eff)
+    equal = bool(torch.equal(out, ref.to(act)))
+    record = {"dtype": dtype, "n": n, "k": k, "bit_equal": equal,
+              "max_abs_diff": float((out.float() - ref).abs().max().item())}  # fmt: skip
+    gpu_report.extra.setdefault("prefill_dequant", []).append(record)
+    assert equal, record
 
 
 @pytest.mark.gpu

@@ -13,7 +13,13 @@ import pytest
 import torch
 from test_marlin_numerics import DEV, build_modelopt_dense, use_marlin_backends
 
-N, K, M = 4096, 4096, 16
+N, K = 4096, 4096
+# 16: Marlin; 1024: on SM90 the dequant + cuBLAS path (nvfp4_marlin_prefill) inside the op
+MS = (16, 1024)
+
+
+def _check_name(base: str, m: int) -> str:
+    return base if m == MS[0] else f"{base}_m{m}"
 
 
 def _layer(dtype: torch.dtype = torch.bfloat16, bias: bool = False) -> Any:
@@ -53,9 +59,10 @@ def _close(a: torch.Tensor, b: torch.Tensor) -> tuple[bool, float]:
 
 
 @pytest.mark.gpu
-def test_cuda_graph_replay_matches_eager(gpu_report: Any) -> None:
+@pytest.mark.parametrize("m", MS)
+def test_cuda_graph_replay_matches_eager(m: int, gpu_report: Any) -> None:
     dense, gen = _layer(bias=True)
-    static_x = torch.randn(M, K, generator=gen, device=DEV).to(torch.bfloat16)
+    static_x = torch.randn(m, K, generator=gen, device=DEV).to(torch.bfloat16)
     stream = torch.cuda.Stream()
     stream.wait_stream(torch.cuda.current_stream())
     with torch.cuda.stream(stream):
@@ -67,7 +74,7 @@ def test_cuda_graph_replay_matches_eager(gpu_report: Any) -> None:
         static_out = dense.apply(static_x)
     results = []
     for _ in range(3):  # new inputs each replay: the graph must read the static buffer
-        x = torch.randn(M, K, generator=gen, device=DEV).to(torch.bfloat16)
+        x = torch.randn(m, K, generator=gen, device=DEV).to(torch.bfloat16)
         static_x.copy_(x)
         graph.replay()
         torch.cuda.synchronize()
@@ -75,20 +82,21 @@ def test_cuda_graph_replay_matches_eager(gpu_report: Any) -> None:
         results.append(_close(static_out, eager))
     passed = all(ok for ok, _ in results)
     gpu_report.add_tracing(
-        "cuda_graph",
+        _check_name("cuda_graph", m),
         passed,
-        detail=f"layer apply, M={M} N={N} K={K} bf16 + bias; 3 replays vs eager",
+        detail=f"layer apply, M={m} N={N} K={K} bf16 + bias; 3 replays vs eager",
         max_abs_diff=max(d for _, d in results),
     )
     assert passed, f"CUDA graph replay differs from eager: {results}"
 
 
 @pytest.mark.gpu
-def test_torch_compile_fullgraph_keeps_the_op(gpu_report: Any) -> None:
+@pytest.mark.parametrize("m", MS)
+def test_torch_compile_fullgraph_keeps_the_op(m: int, gpu_report: Any) -> None:
     dense, gen = _layer()
     op = _op_callable()
     args = _layer_op_args(dense.layer)
-    x = torch.randn(M, K, generator=gen, device=DEV).to(torch.bfloat16)
+    x = torch.randn(m, K, generator=gen, device=DEV).to(torch.bfloat16)
     eager = dense.apply(x)
 
     seen: list[str] = []
@@ -110,9 +118,9 @@ def test_torch_compile_fullgraph_keeps_the_op(gpu_report: Any) -> None:
     ok_inductor, diff_inductor = _close(inductor, 2.0 * eager)
     passed = bool(in_graph) and ok_traced and ok_inductor
     gpu_report.add_tracing(
-        "torch_compile",
+        _check_name("torch_compile", m),
         passed,
-        detail="fullgraph=True (no graph break) with a recording backend and with inductor",
+        detail=f"M={m}: fullgraph=True (no graph break) with a recording backend and inductor",
         op_nodes=in_graph,
         max_abs_diff=max(diff_traced, diff_inductor),
     )

@@ -21,11 +21,13 @@ def _synthetic() -> dict[str, Any]:
             rows.append(
                 {"shape": shape, "kind": "dense", "m": m, "n": n, "k": k, "fp4_us": roof * 2.5,
                  "bf16_us": roof * 4 + m * 0.01, "int4_us": roof * 2.0, "roofline_us": roof,
-                 "upstream_fp4_us": roof * 2.6}
+                 "upstream_fp4_us": roof * 2.6, "dispatch_us": roof * (2.5 if m < 256 else 1.5),
+                 "dispatch_path": "marlin" if m < 256 else "dequant+cublas"}
             )  # fmt: skip
     rows.append({"shape": "moe_e64_top8_h2048_i1408", "kind": "moe", "m": 16, "n": 1408,
                  "k": 2048, "fp4_us": 90.0, "bf16_us": None, "int4_us": 70.0, "roofline_us": 40.0,
-                 "upstream_fp4_us": None, "note": "bf16 baseline failed"})  # fmt: skip
+                 "upstream_fp4_us": None, "note": "bf16 baseline failed", "dispatch_us": 90.0,
+                 "dispatch_path": "marlin"})  # fmt: skip
     return {
         "command": "python bench/bench_fp4_marlin.py",
         "series_revision": {"git": "abc", "series_sha256": "0" * 64},
@@ -44,6 +46,8 @@ def test_speedups_skip_missing_baselines() -> None:
     assert set(series) == {"qkv_8b", "down_70b"}  # the MoE row has no bf16 number
     assert [m for m, _ in series["qkv_8b"]] == sorted(report.BENCH_MS)
     assert all(r > 1.0 for _, r in series["qkv_8b"])
+    over_marlin = dict(plot.speedups(_synthetic()["rows"], "fp4_us", "dispatch_us")["qkv_8b"])
+    assert over_marlin[1] == 1.0 and over_marlin[1024] == pytest.approx(2.5 / 1.5)
 
 
 def test_plot_writes_png(tmp_path: Path) -> None:
@@ -60,10 +64,28 @@ def test_markdown_table_and_schema(tmp_path: Path) -> None:
     bench.write_markdown(data, tmp_path / "bench.md")
     text = (tmp_path / "bench.md").read_text()
     assert "| qkv_8b | 6144 | 4096 | 1 |" in text and "bf16/FP4" in text
+    assert "| dequant+cublas |" in text and "FP4/disp" in text
     assert text.count("\n| ") == len(data["rows"]) + 1  # header + one line per row
     problems: list[str] = []
     report.check_bench(data, problems)
     assert problems == []
+
+
+@pytest.mark.parametrize(
+    ("change", "message"),
+    [
+        ({"dispatch_us": None}, "dispatch_us missing or <= 0"),
+        ({"dispatch_path": "fast"}, "dispatch_path 'fast' is not one of"),
+        ({"dispatch_us": 100.0}, "slower than FP4 Marlin"),
+    ],
+)
+def test_bench_dispatch_fields_are_checked(change: dict[str, Any], message: str) -> None:
+    data = _synthetic()
+    row = next(r for r in data["rows"] if r["shape"] == "qkv_8b" and r["m"] == 1024)
+    row.update(change)
+    problems: list[str] = []
+    report.check_bench(data, problems)
+    assert len(problems) == 1 and message in problems[0], problems
 
 
 def test_roofline_formula() -> None:

@@ -237,6 +237,21 @@ def test_tracing_must_pass(tmp_path: Path) -> None:
     assert problems == ["numerics.json: tracing check 'torch_compile' did not pass"]
 
 
+def test_further_tracing_checks_and_prefill_dequant_must_pass(tmp_path: Path) -> None:
+    numerics = _numerics()
+    numerics["tracing"].append({"name": "cuda_graph_m1024", "passed": True})
+    numerics["prefill_dequant"] = [{"dtype": "bfloat16", "bit_equal": True}]
+    assert report.check_report_dir(_write(tmp_path, numerics=numerics)) == []
+    numerics["tracing"][-1]["passed"] = False
+    numerics["prefill_dequant"].append({"dtype": "float16", "bit_equal": False})
+    problems = report.check_report_dir(_write(tmp_path, numerics=numerics))
+    assert problems == [
+        "numerics.json: tracing check 'cuda_graph_m1024' did not pass",
+        "numerics.json: prefill dequant not bit-equal to the checkpoint: "
+        "{'dtype': 'float16', 'bit_equal': False}",
+    ]
+
+
 def test_turing_missing_needs_not_run_reason(tmp_path: Path) -> None:
     numerics = _numerics()
     problems = report.check_report_dir(_write(tmp_path, numerics=numerics, turing=None))

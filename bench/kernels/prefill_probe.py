@@ -1,0 +1,155 @@
+"""The prefill path's dequant kernel alone: the series' Triton kernel beside this folder's CUDA one.
+
+Patch 13 (``nvfp4_marlin_prefill``) dequantizes the Marlin NVFP4 layout with a Triton kernel;
+``fp4_dequant.cu`` here did the same job in the kernel rounds, where the dequant + cuBLAS path
+was measured. This times both on random layouts of the eight shapes (rows of a whole layer, or
+the 160 MiB chunk the series uses), checks that they write the same bits, and reports each as
+a share of the copy bandwidth (bytes read + written), for the Triton kernel at several program
+shapes (k-tiles per program, warps), so the series' choice is a measured one.
+
+    python bench/kernels/prefill_probe.py [--module PATH] [--out FILE.json]
+
+``--module``: the patched tree's ``nvfp4_marlin_prefill.py`` (default: .work/checkout's).
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib.util
+import json
+import sys
+import tempfile
+from pathlib import Path
+
+import torch
+
+HERE = Path(__file__).resolve().parent
+REPO = HERE.parents[1]
+sys.path.insert(0, str(HERE))
+
+import fp4_kernels as fk  # noqa: E402
+
+MODULE = REPO / ".work/checkout/python/sglang/srt/layers/quantization/nvfp4_marlin_prefill.py"
+SHAPES = {
+    "qkv_8b": (6144, 4096),
+    "o_8b": (4096, 4096),
+    "gate_up_8b": (28672, 4096),
+    "down_8b": (4096, 14336),
+    "qkv_70b": (10240, 8192),
+    "o_70b": (8192, 8192),
+    "gate_up_70b": (57344, 8192),
+    "down_70b": (8192, 28672),
+}
+CONFIGS = ((2, 4), (4, 4), (4, 8), (8, 4))  # (k-tiles per program, warps)
+VARIANTS = {"k": {}}  # constexpr sets of the kernel to compare (none left to choose today)
+
+
+def load_module(path: Path):
+    spec = importlib.util.spec_from_file_location("nvfp4_marlin_prefill", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def timed(fn, reps: int = 20) -> float:
+    """Median microseconds of REPS calls, each timed with CUDA events (warmed up)."""
+    for _ in range(3):
+        fn()
+    times = []
+    for _ in range(reps):
+        a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        a.record()
+        fn()
+        b.record()
+        b.synchronize()
+        times.append(a.elapsed_time(b) * 1e3)
+    return sorted(times)[len(times) // 2]
+
+
+def copy_tb_s() -> float:
+    src = torch.empty(1 << 30, dtype=torch.uint8, device="cuda")
+    dst = torch.empty_like(src)
+    us = timed(lambda: dst.copy_(src), 10)
+    return 2 * src.numel() / us / 1e6
+
+
+def probe_shape(pf, kernels: fk.Kernels, name: str, n: int, k: int, gen: torch.Generator,
+                bw: float) -> dict:  # fmt: skip
+    """One shape's chunk (the series' rows for its K) through both kernels, bf16."""
+    dtype = torch.bfloat16
+    bias = fk.GLOBAL_SCALE_BIAS[dtype]
+    g = torch.tensor([2.0 ** (bias - 7) * 1e-2], device="cuda").to(dtype)
+    g_eff = g.float().item() * 2.0 ** -(bias - 7)  # the multiplier the 16-bit value holds
+    rows = pf.dequant_chunk_rows(n, k)
+    weight = torch.randint(-(2**31), 2**31 - 1, (k // 16, 2 * n), generator=gen, device="cuda",
+                           dtype=torch.int64).to(torch.int32)  # fmt: skip
+    scales = torch.randint(0x50, 0x80, (k // 16, n), generator=gen, device="cuda",
+                           dtype=torch.int32).to(torch.uint8)  # fmt: skip
+    out_t = torch.empty(rows, k, dtype=dtype, device="cuda")
+    out_c = torch.empty(rows, k, dtype=dtype, device="cuda")
+    byte_count = rows * k * 2 + rows * k // 2 + rows * k // 16
+    row = {"shape": name, "n": n, "k": k, "rows": rows, "bytes": byte_count}
+    stream = torch.cuda.current_stream().cuda_stream
+
+    def cuda_dequant() -> None:
+        rc = kernels.lib.fp4_dequant(
+            weight.data_ptr(), scales.data_ptr(), None, g_eff, n, k, 0, rows, k,
+            out_c.data_ptr(), k, 1, stream,
+        )  # fmt: skip
+        kernels.check(rc, "fp4_dequant")
+
+    def triton_dequant(kt: int, warps: int, flags: dict) -> None:
+        grid = ((k + 16 * kt - 1) // (16 * kt), (rows + 63) // 64)
+        pf._dequant_nvfp4_marlin_kernel[grid](
+            weight, scales, g, g, out_t, n, 0, rows, k, k, pf._UNBIAS[dtype],
+            HAS_COL=False, K_TILES=kt, num_warps=warps, **flags,
+        )  # fmt: skip
+
+    row["cuda_us"] = timed(cuda_dequant)
+    for name, flags in VARIANTS.items():
+        for kt, warps in CONFIGS:
+            fn = lambda kt=kt, warps=warps, flags=flags: triton_dequant(kt, warps, flags)  # noqa: E731
+            row[f"triton_{name}_{kt}x{warps}_us"] = timed(fn)
+            triton_dequant(kt, warps, flags)
+            cuda_dequant()
+            torch.cuda.synchronize()
+            row.setdefault("same_bits_all", True)
+            row["same_bits_all"] &= bool(torch.equal(out_t, out_c))
+    pf.dequant_nvfp4_marlin(weight, scales, g, 0, rows, k, out_t)  # the series' own call
+    cuda_dequant()
+    torch.cuda.synchronize()
+    row["same_bits"] = bool(torch.equal(out_t, out_c))
+    row["triton_best"] = min((k2 for k2 in row if k2.startswith("triton_")), key=row.__getitem__)
+    row["series_us"] = row[f"triton_k_{pf._K_TILES}x4_us"]
+    for key in [key for key in row if key.endswith("_us")]:
+        row[key.removesuffix("_us") + "_share"] = round(byte_count / row[key] / 1e6 / bw, 3)
+    return row
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--module", type=Path, default=MODULE)
+    parser.add_argument("--out", type=Path)
+    args = parser.parse_args(argv)
+    pf = load_module(args.module)
+    kernels = fk.Kernels(fk.build(Path(tempfile.mkdtemp()), torch.cuda.get_device_capability()))
+    bw = copy_tb_s()
+    gen = torch.Generator(device="cuda").manual_seed(13)
+    rows_out = []
+    print(f"[prefill-probe] copy bandwidth {bw:.2f} TB/s", flush=True)
+    for name, (n, k) in SHAPES.items():
+        row = probe_shape(pf, kernels, name, n, k, gen, bw)
+        rows_out.append(row)
+        print(f"[prefill-probe] {name}: rows {row['rows']}, CUDA {row['cuda_us']:.1f} us "
+              f"({row['cuda_share']:.0%}), series' Triton {row['series_us']:.1f} us "
+              f"({row['series_share']:.0%}), best {row['triton_best']}, "
+              f"same bits {row['same_bits']}", flush=True)  # fmt: skip
+        torch.cuda.empty_cache()
+    data = {"device": torch.cuda.get_device_name(), "copy_bandwidth_tb_s": bw, "rows": rows_out}
+    if args.out:
+        args.out.write_text(json.dumps(data, indent=1) + "\n")
+    return 0 if all(r["same_bits"] for r in rows_out) else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
