@@ -11,7 +11,7 @@ Method (what bench.md states):
   at the start of the same run (bytes read + written).
 * FP4 (``fp4_us``): the series' ``apply_fp4_marlin_linear`` with its Marlin GEMM, also where
   the series takes another path; ``dispatch_us`` / ``dispatch_path``: the same op as a model
-  runs it (from M = 256 on SM90 the weights dequantized for cuBLAS, nvfp4_marlin_prefill;
+  runs it (from M = 1024 on SM90 the weights dequantized for cuBLAS, nvfp4_marlin_prefill;
   where the path is Marlin, dispatch_us is fp4_us: the same call).
 * INT4: the pin's ``gptq_marlin_gemm`` with ``uint4b8``, group size 128 (GPTQ as run today).
 * Upstream 0.5.23: its own ``gptq_marlin_gemm`` wrapper and JIT module (``sglang.kernels``),
@@ -22,6 +22,8 @@ Method (what bench.md states):
   ``torch._grouped_mm``; routing differs per call so the set of touched experts rotates.
 
 Usage: python bench/bench_fp4_marlin.py --out reports/h200 [--upstream-tree DIR] [--no-moe]
+(FP4SERIES_BENCH_ARGS adds options after these, e.g. "--no-moe --upstream-tree=" where the GPU
+proof's bench stage runs it.)
 """
 
 from __future__ import annotations
@@ -31,6 +33,7 @@ import contextlib
 import json
 import math
 import os
+import shlex
 import statistics
 import subprocess
 import sys
@@ -561,7 +564,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         help="stop starting new shapes (and skip upstream/MoE) once this many seconds are spent",
     )  # fmt: skip
     parser.add_argument("--upstream-worker", help=argparse.SUPPRESS)
-    args = parser.parse_args(argv)
+    extra = shlex.split(os.environ.get("FP4SERIES_BENCH_ARGS", ""))  # options a stage adds
+    args = parser.parse_args([*(sys.argv[1:] if argv is None else argv), *extra])
     if not torch.cuda.is_available():
         print("bench_fp4_marlin: no CUDA device; nothing to measure", file=sys.stderr)
         return 2

@@ -18,7 +18,8 @@ default stage. It reads FP4SERIES_PIN_TREE (the bare pin, its negative control),
 FP4SERIES_DEADLINE_EPOCH (``--deadline``) and FP4SERIES_E2E_ARGS (its own options).
 The kernels stage (issue 23, not a default) builds the standalone NVFP4 kernels of
 bench/kernels/ with nvcc, checks them against an fp32 reference and times them beside FP4 Marlin,
-bf16 cuBLAS and the roofline (bench/kernels/run_round.py); FP4SERIES_KERNELS_ARGS adds options.
+bf16 cuBLAS and the roofline (bench/kernels/run_round.py); FP4SERIES_KERNELS_ARGS adds options
+(FP4SERIES_BENCH_ARGS to the bench stage's bench/bench_fp4_marlin.py).
 
 A maintained series line (``--line V``) has its own table, LINE_STAGES[V]: the same tests on
 the line's tree, with the bare release it is made on as the repro (variant ``upstream``: the

@@ -176,13 +176,13 @@ CAPABILITIES = [(8, 0), (8, 6), (8, 9), (9, 0), (10, 0), (12, 0)]
 
 
 @pytest.mark.parametrize("cuda_device", CAPABILITIES, indirect=True)
-@pytest.mark.parametrize("rows", [1, 16, 256, 511, 512, 1024, 8192])
+@pytest.mark.parametrize("rows", [1, 16, 256, 512, 1023, 1024, 8192])
 def test_dequant_path_only_where_measured(cuda_device, rows):
-    """SM90 from PREFILL_MIN_M (512) rows on; every other GPU, and fewer rows, stay on Marlin."""
+    """SM90 from PREFILL_MIN_M (1024) rows on; every other GPU, and fewer rows, keep Marlin."""
     pf = importlib.import_module(PREFILL)
-    assert pf.PREFILL_MIN_M == 512
+    assert pf.PREFILL_MIN_M == 1024
     cuda = types.SimpleNamespace(type="cuda", index=0)
-    expected = cuda_device.capability == (9, 0) and rows >= 512
+    expected = cuda_device.capability == (9, 0) and rows >= 1024
     assert pf.use_dequant_gemm(rows, cuda) is expected
     assert pf.use_dequant_gemm(rows, torch.device("cpu")) is False
 
@@ -201,10 +201,10 @@ def test_marlin_path_below_the_threshold(m, monkeypatch):
     cuda = types.SimpleNamespace(type="cuda", index=0)
     pf = importlib.import_module(PREFILL)
     monkeypatch.setattr(torch.cuda, "get_device_capability", lambda device=None: (9, 0))
-    assert pf.use_dequant_gemm(511, cuda) is False and pf.use_dequant_gemm(512, cuda) is True
-    x = torch.randn(511, k).to(BF16)  # a CPU tensor: never the dequant path
+    assert pf.use_dequant_gemm(1023, cuda) is False and pf.use_dequant_gemm(1024, cuda) is True
+    x = torch.randn(1023, k).to(BF16)  # a CPU tensor: never the dequant path
     _apply(m)(
         x, layer.weight.data, layer.weight_scale.data, layer.weight_global_scale.data,
         layer.workspace, n, k,
     )  # fmt: skip
-    assert calls == [511]
+    assert calls == [1023]
