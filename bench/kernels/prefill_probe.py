@@ -25,21 +25,14 @@ import torch
 
 HERE = Path(__file__).resolve().parent
 REPO = HERE.parents[1]
-sys.path.insert(0, str(HERE))
+for _p in (HERE, REPO / "bench"):
+    if str(_p) not in sys.path:
+        sys.path.insert(0, str(_p))
 
+import bench_fp4_marlin as bfm  # noqa: E402  (the eight shapes, the copy bandwidth)
 import fp4_kernels as fk  # noqa: E402
 
 MODULE = REPO / ".work/checkout/python/sglang/srt/layers/quantization/nvfp4_marlin_prefill.py"
-SHAPES = {
-    "qkv_8b": (6144, 4096),
-    "o_8b": (4096, 4096),
-    "gate_up_8b": (28672, 4096),
-    "down_8b": (4096, 14336),
-    "qkv_70b": (10240, 8192),
-    "o_70b": (8192, 8192),
-    "gate_up_70b": (57344, 8192),
-    "down_70b": (8192, 28672),
-}
 CONFIGS = ((2, 4), (4, 4), (4, 8), (8, 4))  # (k-tiles per program, warps)
 VARIANTS = {"k": {}}  # constexpr sets of the kernel to compare (none left to choose today)
 
@@ -64,13 +57,6 @@ def timed(fn, reps: int = 20) -> float:
         b.synchronize()
         times.append(a.elapsed_time(b) * 1e3)
     return sorted(times)[len(times) // 2]
-
-
-def copy_tb_s() -> float:
-    src = torch.empty(1 << 30, dtype=torch.uint8, device="cuda")
-    dst = torch.empty_like(src)
-    us = timed(lambda: dst.copy_(src), 10)
-    return 2 * src.numel() / us / 1e6
 
 
 def probe_shape(pf, kernels: fk.Kernels, name: str, n: int, k: int, gen: torch.Generator,
@@ -133,11 +119,11 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     pf = load_module(args.module)
     kernels = fk.Kernels(fk.build(Path(tempfile.mkdtemp()), torch.cuda.get_device_capability()))
-    bw = copy_tb_s()
+    bw = bfm.copy_bandwidth_tb_s()
     gen = torch.Generator(device="cuda").manual_seed(13)
     rows_out = []
     print(f"[prefill-probe] copy bandwidth {bw:.2f} TB/s", flush=True)
-    for name, (n, k) in SHAPES.items():
+    for name, (n, k) in bfm.SHAPES.items():
         row = probe_shape(pf, kernels, name, n, k, gen, bw)
         rows_out.append(row)
         print(f"[prefill-probe] {name}: rows {row['rows']}, CUDA {row['cuda_us']:.1f} us "
