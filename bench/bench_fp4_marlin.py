@@ -166,7 +166,7 @@ def dispatch_path(m: int) -> str:
         from sglang.srt.layers.quantization.nvfp4_marlin_prefill import use_dequant_gemm
     except ImportError:  # a series without the prefill path
         return "marlin"
-    return "dequant+cublas" if use_dequant_gemm(m, torch.device("cuda")) else "marlin"
+    return "dequant+cublas" if use_dequant_gemm(m, torch.device("cuda"), DTYPE) else "marlin"
 
 
 def has_dequant_path() -> bool:
@@ -186,7 +186,7 @@ def path_forced(dequant: bool) -> Iterator[None]:
     if chooser is None:
         yield
         return
-    marlin_utils_fp4.use_dequant_gemm = lambda m, device: dequant
+    marlin_utils_fp4.use_dequant_gemm = lambda m, device, dtype: dequant
     try:
         yield
     finally:

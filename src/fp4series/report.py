@@ -60,6 +60,8 @@ MOE_PATHS = ("modelopt-moe", "ct-moe")
 PATHS = DENSE_PATHS + MOE_PATHS
 DTYPES = ("float16", "bfloat16")
 TRACING_CHECKS = ("cuda_graph", "torch_compile")
+# Where a dense case ran patch 13's dequant + cuBLAS path, the tracing checks at its M
+PREFILL_TRACING_CHECKS = ("cuda_graph_m1024", "torch_compile_m1024")
 BENCH_MS = (1, 2, 4, 8, 16, 32, 64, 128, 256, 1024)
 # bench.json's dispatch_path: the GEMM the series' dense linear runs (nvfp4_marlin_prefill); a
 # path other than Marlin may not be slower than Marlin in the same run beyond timing noise.
@@ -480,6 +482,13 @@ def check_numerics(data: Mapping[str, Any], problems: list[str], line: str | Non
     for record in data.get("prefill_dequant") or ():  # patch 13's kernel, bit for bit
         if not (isinstance(record, Mapping) and record.get("bit_equal") is True):
             problems.append(f"{name}: prefill dequant not bit-equal to the checkpoint: {record}")
+    if any(c.get("gemm") == "dequant+cublas" for c in patched):  # patch 13's path ran: its proof
+        if not data.get("prefill_dequant"):
+            problems.append(f"{name}: dense cases ran the dequant path, but no prefill_dequant")
+        names = {t.get("name") for t in tracing or () if isinstance(t, Mapping)}
+        for check in PREFILL_TRACING_CHECKS:
+            if check not in names:
+                problems.append(f"{name}: dense cases ran the dequant path, but no {check!r}")
     check_fused_shards(data, problems)
     # a line's proof does not run the tensor-parallel suite (yet): checked where present
     check_tensor_parallel(data, problems, required=TENSOR_PARALLEL_REQUIRED and line is None)
@@ -819,6 +828,9 @@ def _check_dispatch(where: str, shape: str, row: Mapping[str, Any], problems: li
     if not (_is_num(dispatch) and dispatch > 0):
         problems.append(f"{label}: dispatch_us missing or <= 0")
         return
+    dequant = row.get("dequant_us")
+    if dequant is not None and not (_is_num(dequant) and dequant > 0):
+        problems.append(f"{label}: dequant_us must be a positive number or null")
     path = row.get("dispatch_path")
     if path not in DISPATCH_PATHS:
         problems.append(f"{label}: dispatch_path {path!r} is not one of {DISPATCH_PATHS}")

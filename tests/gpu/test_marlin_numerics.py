@@ -280,14 +280,15 @@ def _case(path: str, dtype: torch.dtype, m: int, n: int, k: int, bias: bool) -> 
     return case
 
 
-def dense_gemm(m: int) -> str:
-    """The GEMM the tree's dense NVFP4 linear runs for M rows on this GPU: "dequant+cublas"
-    where nvfp4_marlin_prefill takes it (the pin's patch 13), else "marlin"."""
+def dense_gemm(m: int, dtype: torch.dtype) -> str:
+    """The GEMM the tree's dense NVFP4 linear picks for M rows of DTYPE on this GPU (its own
+    choice, asked before the call): "dequant+cublas" where nvfp4_marlin_prefill takes it (the
+    pin's patch 13), else "marlin"."""
     try:
         from sglang.srt.layers.quantization.nvfp4_marlin_prefill import use_dequant_gemm
     except ImportError:  # a tree without it (a line, a bare release)
         return "marlin"
-    return "dequant+cublas" if use_dequant_gemm(m, torch.device(DEV)) else "marlin"
+    return "dequant+cublas" if use_dequant_gemm(m, torch.device(DEV), dtype) else "marlin"
 
 
 def _finite(value: float) -> float | None:
@@ -327,7 +328,7 @@ def run_dense(
     for m in ms:
         case = _case(path, dtype, m, n, k, bias)
         case["shape"] = shape
-        case["gemm"] = dense_gemm(m)
+        case["gemm"] = dense_gemm(m, dtype)
         if bias_scale is not None:
             case["bias_scale"] = bias_scale
         x = torch.randn(m, k, generator=gen, device=DEV).to(dtype)
@@ -640,7 +641,7 @@ def test_prefill_dequant_is_the_checkpoint_rounded_once(dtype: str, gpu_report: 
     ref = dequant_nvfp4(w.packed, w.scales, g_eff)
     equal = bool(torch.equal(out, ref.to(act)))
     record = {"dtype": dtype, "n": n, "k": k, "bit_equal": equal,
-              "max_abs_diff": float((out.float() - ref).abs().max().item())}  # fmt: skip
+              "max_abs_diff_vs_fp32": float((out.float() - ref).abs().max().item())}  # fmt: skip
     gpu_report.extra.setdefault("prefill_dequant", []).append(record)
     assert equal, record
 

@@ -13,11 +13,11 @@ from test_nvfp4_marlin_prefill import (  # noqa: F401 (fixtures and tests, colle
     m,
     pf,
     test_apply_fp4_marlin_linear_takes_the_dequant_path,
+    test_apply_takes_the_path_from_the_threshold,
     test_dequant_chunk_rows_fit_the_scratch,
     test_dequant_gemm_over_several_chunks_with_bias,
     test_dequant_gives_the_checkpoint_weights,
     test_dequant_of_a_chunk_and_its_column_scales,
     test_dequant_path_only_where_measured,
     test_dequant_refuses_what_the_layout_does_not_hold,
-    test_marlin_path_below_the_threshold,
 )

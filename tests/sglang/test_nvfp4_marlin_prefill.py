@@ -61,6 +61,13 @@ def _effective_global(layer, dtype: torch.dtype) -> float:
     return layer.weight_global_scale.data.reshape(-1)[0].float().item() * 2.0 ** -(bias - 7)
 
 
+def _output_sized_bias(x: torch.Tensor, w: torch.Tensor, gen: torch.Generator) -> torch.Tensor:
+    """A bias as large as the layer's output (its rms): dropped, doubled or scaled by the
+    column scale, it moves the result far past the tolerances below."""
+    rms = (x.double() @ w.double().T).pow(2).mean().sqrt().item()
+    return torch.randn(w.shape[0], generator=gen) * rms
+
+
 def _assert_rounded_once(got: torch.Tensor, ref: torch.Tensor, dtype: torch.dtype) -> None:
     if dtype == FP16:
         assert torch.equal(got, ref.to(FP16))
@@ -132,7 +139,7 @@ def test_dequant_gemm_over_several_chunks_with_bias(m, pf, monkeypatch, dtype):
     w, layer, ref = _layer(m, monkeypatch, n, k, dtype)
     gen = torch.Generator().manual_seed(5)
     x = torch.randn(rows, k, generator=gen).to(dtype)
-    bias = (torch.randn(n, generator=gen) * 0.1).to(dtype)
+    bias = _output_sized_bias(x, ref, gen).to(dtype)
     got = pf.dequant_gemm_nvfp4_marlin(
         x, layer.weight.data, layer.weight_scale.data, layer.weight_global_scale.data,
         n, k, bias=bias, scratch_bytes=128 * k * 2,
@@ -152,7 +159,7 @@ def test_apply_fp4_marlin_linear_takes_the_dequant_path(m, pf, monkeypatch, dtyp
     n, k = 1000, 2080
     w, layer, ref = _layer(m, monkeypatch, n, k, dtype)
     seen = []
-    monkeypatch.setattr(m, "use_dequant_gemm", lambda rows, device: seen.append(rows) or True)
+    monkeypatch.setattr(m, "use_dequant_gemm", lambda rows, dev, dt: seen.append(rows) or True)
 
     def no_marlin(**kwargs):
         raise AssertionError("the Marlin GEMM ran on the dequant path")
@@ -160,8 +167,8 @@ def test_apply_fp4_marlin_linear_takes_the_dequant_path(m, pf, monkeypatch, dtyp
     monkeypatch.setattr(m, "gptq_marlin_gemm", no_marlin, raising=False)
     gen = torch.Generator().manual_seed(7)
     x = torch.randn(2, 3, k, generator=gen).to(dtype)
-    bias = (torch.randn(n, generator=gen) * 0.1).to(dtype)
     col = torch.linspace(0.5, 1.5, n)
+    bias = _output_sized_bias(x.reshape(6, k), ref * col[:, None], gen).to(dtype)
     got = _apply(m)(
         x, layer.weight.data, layer.weight_scale.data, layer.weight_global_scale.data,
         layer.workspace, n, k, bias=bias, output_scale=col,
@@ -178,33 +185,38 @@ CAPABILITIES = [(8, 0), (8, 6), (8, 9), (9, 0), (10, 0), (12, 0)]
 @pytest.mark.parametrize("cuda_device", CAPABILITIES, indirect=True)
 @pytest.mark.parametrize("rows", [1, 16, 256, 512, 1023, 1024, 8192])
 def test_dequant_path_only_where_measured(cuda_device, rows):
-    """SM90 from PREFILL_MIN_M (1024) rows on; every other GPU, and fewer rows, keep Marlin."""
+    """SM90 and bf16 from PREFILL_MIN_M (1024) rows on; every other GPU, fp16 and fewer rows
+    keep Marlin."""
     pf = importlib.import_module(PREFILL)
     assert pf.PREFILL_MIN_M == 1024
     cuda = types.SimpleNamespace(type="cuda", index=0)
     expected = cuda_device.capability == (9, 0) and rows >= 1024
-    assert pf.use_dequant_gemm(rows, cuda) is expected
-    assert pf.use_dequant_gemm(rows, torch.device("cpu")) is False
+    assert pf.use_dequant_gemm(rows, cuda, BF16) is expected
+    assert pf.use_dequant_gemm(rows, cuda, FP16) is False
+    assert pf.use_dequant_gemm(rows, torch.device("cpu"), BF16) is False
 
 
-def test_marlin_path_below_the_threshold(m, monkeypatch):
-    """Fewer rows than PREFILL_MIN_M: apply_fp4_marlin_linear calls the Marlin GEMM."""
+@pytest.mark.parametrize("rows, marlin", [(1023, True), (1024, False)])
+def test_apply_takes_the_path_from_the_threshold(m, pf, monkeypatch, rows, marlin):
+    """apply_fp4_marlin_linear asks the real use_dequant_gemm (the CPU tensor standing in for
+    an SM90 device): Marlin's GEMM below PREFILL_MIN_M rows, the dequant path from it."""
     n, k = 192, 256
     _, layer, _ = _layer(m, monkeypatch, n, k, BF16)
     calls = []
 
-    def marlin(**kwargs):
+    def gemm(**kwargs):
         calls.append(kwargs["size_m"])
         return torch.zeros(kwargs["size_m"], kwargs["size_n"], dtype=BF16)
 
-    monkeypatch.setattr(m, "gptq_marlin_gemm", marlin, raising=False)
-    cuda = types.SimpleNamespace(type="cuda", index=0)
-    pf = importlib.import_module(PREFILL)
+    monkeypatch.setattr(m, "gptq_marlin_gemm", gemm, raising=False)
     monkeypatch.setattr(torch.cuda, "get_device_capability", lambda device=None: (9, 0))
-    assert pf.use_dequant_gemm(1023, cuda) is False and pf.use_dequant_gemm(1024, cuda) is True
-    x = torch.randn(1023, k).to(BF16)  # a CPU tensor: never the dequant path
-    _apply(m)(
+    cuda = types.SimpleNamespace(type="cuda", index=0)
+    real = pf.use_dequant_gemm
+    monkeypatch.setattr(m, "use_dequant_gemm", lambda r, device, dtype: real(r, cuda, dtype))
+    x = torch.randn(rows, k).to(BF16)
+    out = _apply(m)(
         x, layer.weight.data, layer.weight_scale.data, layer.weight_global_scale.data,
         layer.workspace, n, k,
     )  # fmt: skip
-    assert calls == [1023]
+    assert calls == ([rows] if marlin else [])
+    assert bool(out.abs().sum() > 0) is not marlin  # the stand-in GEMM returns zeros

@@ -77,6 +77,7 @@ def test_markdown_table_and_schema(tmp_path: Path) -> None:
         ({"dispatch_us": None}, "dispatch_us missing or <= 0"),
         ({"dispatch_path": "fast"}, "dispatch_path 'fast' is not one of"),
         ({"dispatch_us": 100.0}, "slower than FP4 Marlin"),
+        ({"dequant_us": -1.0}, "dequant_us must be a positive number or null"),
     ],
 )
 def test_bench_dispatch_fields_are_checked(change: dict[str, Any], message: str) -> None:

@@ -252,6 +252,21 @@ def test_further_tracing_checks_and_prefill_dequant_must_pass(tmp_path: Path) ->
     ]
 
 
+def test_the_dequant_path_needs_its_own_proof(tmp_path: Path) -> None:
+    numerics = _numerics()
+    dense = next(c for c in numerics["cases"] if c["templates"] == "patched")
+    dense["gemm"] = "dequant+cublas"
+    problems = report.check_report_dir(_write(tmp_path, numerics=numerics))
+    assert problems == [
+        "numerics.json: dense cases ran the dequant path, but no prefill_dequant",
+        "numerics.json: dense cases ran the dequant path, but no 'cuda_graph_m1024'",
+        "numerics.json: dense cases ran the dequant path, but no 'torch_compile_m1024'",
+    ]
+    numerics["prefill_dequant"] = [{"dtype": "bfloat16", "bit_equal": True}]
+    numerics["tracing"] += [{"name": n, "passed": True} for n in report.PREFILL_TRACING_CHECKS]
+    assert report.check_report_dir(_write(tmp_path, numerics=numerics)) == []
+
+
 def test_turing_missing_needs_not_run_reason(tmp_path: Path) -> None:
     numerics = _numerics()
     problems = report.check_report_dir(_write(tmp_path, numerics=numerics, turing=None))
