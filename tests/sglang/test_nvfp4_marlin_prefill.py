@@ -7,8 +7,8 @@ model (_marlin_layout.py, proven equal to the repack kernel on the GPU). The exp
 come from the checkpoint tensors themselves (``nvfp4_weight``: codes and block scales), never
 from the layout: a wrong nibble, row or scale byte changes them. Scales are non-uniform. The
 interpreter rounds fp32 to bf16 by truncation where the GPU rounds to nearest even, so bf16
-results are held to one bf16 ulp here and to bit equality on the GPU
-(tests/gpu/test_marlin_numerics.py); fp16 is bit-exact here too.
+results are held to one bf16 ulp here (the GPU numerics check them bit for bit); fp16 is
+bit-exact here too.
 
 Against the pin before patch 13 every test fails: there is no ``nvfp4_marlin_prefill``.
 """
