@@ -484,6 +484,18 @@ def _support_files(project: Path, src: Path) -> list[Path]:
     return found
 
 
+def runnable_by_upstream_ci(text: str) -> str:
+    """A test file's text with SGLang's CI registration and a __main__ entry, when it has
+    neither. The ``import pytest`` the entry needs goes beside it, not on top: a file may open
+    with a docstring and ``from __future__`` imports, which must come first."""
+    if re.search(r"^register_\w+_ci\(", text, re.M) or "__main__" in text:
+        return text
+    text = text.rstrip("\n") + "\n"
+    if not re.search(r"^import pytest$", text, re.M):
+        text += "\nimport pytest  # noqa: E402 (the entry below)\n"
+    return text + _CI_FOOTER.format(est=60, suite=UPSTREAM_CI_SUITE)
+
+
 def place_tests(
     unit: Unit, worktree: Path, project: Path, repo: Path
 ) -> tuple[list[str], dict[str, str], list[str]]:
@@ -505,12 +517,7 @@ def place_tests(
             notes.append(f"{pl.dest} exists in the base, not overwritten")
             continue
         dest.parent.mkdir(parents=True, exist_ok=True)
-        text = src.read_text(encoding="utf-8")
-        if not re.search(r"^register_\w+_ci\(", text, re.M) and "__main__" not in text:
-            if not re.search(r"^import pytest$", text, re.M):
-                text = "import pytest\n" + text
-            text = text.rstrip("\n") + "\n" + _CI_FOOTER.format(est=60, suite=UPSTREAM_CI_SUITE)
-        dest.write_text(text, encoding="utf-8")
+        dest.write_text(runnable_by_upstream_ci(src.read_text(encoding="utf-8")), encoding="utf-8")
         mapping[pl.source] = pl.dest
         placed.append(pl.dest)
         for sup in _support_files(project, src):

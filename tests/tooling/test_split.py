@@ -879,6 +879,23 @@ def test_support_files_are_the_conftest_and_the_sibling_modules_imported(tmp_pat
     ]
 
 
+@pytest.mark.parametrize(
+    "source",
+    [
+        '"""Doc."""\n\nfrom __future__ import annotations\n\nfrom x import y  # noqa\n',
+        "import pytest\n\n\ndef test_a():\n    pass\n",
+        "def test_b():\n    pass\n",
+    ],
+)
+def test_a_placed_test_gets_the_ci_entry_and_stays_valid_python(source: str) -> None:
+    text = sp.runnable_by_upstream_ci(source)
+    compile(text, "placed.py", "exec")  # a __future__ import still comes first
+    assert text.startswith(source.rstrip("\n"))
+    assert "register_cpu_ci(" in text and 'if __name__ == "__main__":' in text
+    assert len(re.findall(r"^import pytest", text, re.M)) == 1
+    assert sp.runnable_by_upstream_ci(text) == text  # registered already: unchanged
+
+
 def test_a_failed_split_leaves_no_release_tag_it_fetched(world: dict[str, Path]) -> None:
     rel = _release(
         world["root"],
