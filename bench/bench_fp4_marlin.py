@@ -160,15 +160,6 @@ def fp4_weight_tensors(n: int, k: int, seed: int) -> dict[str, torch.Tensor]:
     }
 
 
-def dispatch_path(m: int) -> str:
-    """The GEMM the series' dense NVFP4 linear runs for M rows on this GPU."""
-    try:
-        from sglang.srt.layers.quantization.nvfp4_marlin_prefill import use_dequant_gemm
-    except ImportError:  # a series without the prefill path
-        return "marlin"
-    return "dequant+cublas" if use_dequant_gemm(m, torch.device("cuda"), DTYPE) else "marlin"
-
-
 def has_dequant_path() -> bool:
     """Whether the series under test has the dequant + cuBLAS path (on any GPU)."""
     from sglang.srt.layers.quantization import marlin_utils_fp4
@@ -199,6 +190,7 @@ def bench_fp4(n: int, k: int, base: dict[str, torch.Tensor], ms: Sequence[int], 
     cuBLAS path forced (where the series has it), which places the crossover."""
     from sglang.srt.layers.quantization.marlin_utils import marlin_make_workspace
     from sglang.srt.layers.quantization.marlin_utils_fp4 import apply_fp4_marlin_linear
+    from test_marlin_numerics import dense_gemm
 
     per_copy = base["weight"].numel() * base["weight"].element_size() + base["scale"].numel()
     copies = [base] + [
@@ -221,7 +213,7 @@ def bench_fp4(n: int, k: int, base: dict[str, torch.Tensor], ms: Sequence[int], 
         if m >= DEQUANT_FROM and has_dequant_path():
             with path_forced(dequant=True):
                 dequant[m] = time_graph(rotation(fns), replays)
-        served = dispatch_path(m) != "marlin"
+        served = dense_gemm(m, DTYPE) != "marlin"
         dispatch[m] = time_graph(rotation(fns), replays) if served else marlin[m]
     return marlin, dispatch, dequant
 
@@ -577,6 +569,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     from fp4series import report
 
     _jitenv.apply_variant()
+    from test_marlin_numerics import dense_gemm  # after the variant: it reads _jitenv on import
+
     t0 = time.time()
     ms = [int(m) for m in args.ms.split(",")]
     shapes = [s for s in args.shapes.split(",") if s]
@@ -605,7 +599,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                 "roofline_us": roofline_us(m, n, k, bw), "upstream_fp4_us": None,
                 "fp4_best_us": fp4[m][1], "bf16_best_us": bf16[m][1], "int4_best_us": int4[m][1],
                 "dispatch_us": dispatch[m][0], "dispatch_best_us": dispatch[m][1],
-                "dispatch_path": dispatch_path(m),
+                "dispatch_path": dense_gemm(m, DTYPE),
                 "dequant_us": dequant[m][0] if m in dequant else None,
             })  # fmt: skip
         print(f"[bench] {shape}: done at {time.time() - t0:.0f} s", flush=True)

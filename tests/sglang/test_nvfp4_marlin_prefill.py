@@ -18,6 +18,7 @@ from __future__ import annotations
 import importlib
 import types
 
+import _marlin_layout
 import pytest
 import torch
 from _sglang_cpu import nvfp4_weight, prepare_nvfp4_dense, rel_l2
@@ -52,13 +53,8 @@ def _apply(m):
 def _layer(m, monkeypatch, n: int, k: int, dtype: torch.dtype, g: float = 0.0123):
     smallest = 2.0**-9 if dtype == FP16 else 2.0**-6
     w, layer = prepare_nvfp4_dense(m, monkeypatch, n, k, dtype, smallest=smallest, g=g)
-    return w, layer, nvfp4_weight(w.codes, w.scales, _effective_global(layer, dtype)).float()
-
-
-def _effective_global(layer, dtype: torch.dtype) -> float:
-    """The multiplier the layer's 16-bit global scale stands for (bias 14 / 126, minus 7)."""
-    bias = 14 if dtype == FP16 else 126
-    return layer.weight_global_scale.data.reshape(-1)[0].float().item() * 2.0 ** -(bias - 7)
+    g_eff = _marlin_layout.decode_global_scale(layer.weight_global_scale.data, dtype)
+    return w, layer, nvfp4_weight(w.codes, w.scales, g_eff).float()
 
 
 def _output_sized_bias(x: torch.Tensor, w: torch.Tensor, gen: torch.Generator) -> torch.Tensor:
