@@ -274,6 +274,7 @@ def upstream_worker(job_dir: Path, replays: int) -> int:
     from sglang.kernels.ops.gemm.gptq_marlin import gptq_marlin_gemm
 
     job = json.loads((job_dir / "job.json").read_text())
+    t0 = time.time()
     sms = torch.cuda.get_device_properties(0).multi_processor_count
     ws = torch.zeros(sms, dtype=torch.int, device="cuda")
     results = []
@@ -315,6 +316,8 @@ def upstream_worker(job_dir: Path, replays: int) -> int:
             results.append({"shape": item["shape"], "m": m, "median_us": med, "best_us": best})
         del copies, base
         torch.cuda.empty_cache()
+        print(f"[bench] upstream 0.5.23 {item['shape']}: done at {time.time() - t0:.0f} s",
+              file=sys.stderr, flush=True)  # fmt: skip
     (job_dir / "result.json").write_text(json.dumps(results))
     return 0
 
@@ -370,9 +373,10 @@ def run_upstream(
             "--replays",
             str(replays),
         ]
-        proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=480)
+        # its stderr (JIT builds, progress) goes to this process's log as it happens
+        proc = subprocess.run(cmd, env=env, stdout=subprocess.DEVNULL, timeout=480)
         if proc.returncode != 0:
-            return {}, f"upstream 0.5.23 worker failed: {proc.stderr[-1500:]}"
+            return {}, f"upstream 0.5.23 worker exited {proc.returncode} (its output: the log)"
         rows = json.loads((job_dir / "result.json").read_text())
     return {(r["shape"], r["m"]): (r["median_us"], r["best_us"]) for r in rows}, ""
 

@@ -7,9 +7,10 @@ the 160 MiB chunk the series uses), checks that they write the same bits, and re
 a share of the copy bandwidth (bytes read + written), for the Triton kernel at several program
 shapes (k-tiles per program, warps), so the series' choice is a measured one.
 
-    python bench/kernels/prefill_probe.py [--module PATH] [--out FILE.json]
+    python bench/kernels/prefill_probe.py [--module PATH] [--extra-module PATH ...] [--out FILE]
 
-``--module``: the patched tree's ``nvfp4_marlin_prefill.py`` (default: .work/checkout's).
+``--module``: the patched tree's ``nvfp4_marlin_prefill.py`` (default: .work/checkout's);
+``--extra-module``: a candidate copy of it, edited, timed and bit-checked beside.
 """
 
 from __future__ import annotations
@@ -33,7 +34,7 @@ import bench_fp4_marlin as bfm  # noqa: E402  (the eight shapes, the copy bandwi
 import fp4_kernels as fk  # noqa: E402
 
 MODULE = REPO / ".work/checkout/python/sglang/srt/layers/quantization/nvfp4_marlin_prefill.py"
-CONFIGS = ((2, 4), (4, 4), (4, 8), (8, 4))  # (k-tiles per program, warps)
+CONFIGS = ((4, 4), (8, 4), (8, 8), (16, 4), (16, 8))  # (k-tiles per program, warps)
 VARIANTS = {"k": {}}  # constexpr sets of the kernel to compare (none left to choose today)
 
 
@@ -60,7 +61,7 @@ def timed(fn, reps: int = 20) -> float:
 
 
 def probe_shape(pf, kernels: fk.Kernels, name: str, n: int, k: int, gen: torch.Generator,
-                bw: float) -> dict:  # fmt: skip
+                bw: float, extras: tuple[Path, ...] = ()) -> dict:  # fmt: skip
     """One shape's chunk (the series' rows for its K) through both kernels, bf16."""
     dtype = torch.bfloat16
     bias = fk.GLOBAL_SCALE_BIAS[dtype]
@@ -101,11 +102,20 @@ def probe_shape(pf, kernels: fk.Kernels, name: str, n: int, k: int, gen: torch.G
             torch.cuda.synchronize()
             row.setdefault("same_bits_all", True)
             row["same_bits_all"] &= bool(torch.equal(out_t, out_c))
+    for path in extras:  # other modules' own wrappers (candidate kernels), same bits required
+        mod = load_module(path)
+        fn = lambda mod=mod: mod.dequant_nvfp4_marlin(weight, scales, g, 0, rows, k, out_t)  # noqa: E731
+        row[f"extra_{path.stem}_us"] = timed(fn)
+        fn()
+        cuda_dequant()
+        torch.cuda.synchronize()
+        row[f"extra_{path.stem}_same_bits"] = bool(torch.equal(out_t, out_c))
     pf.dequant_nvfp4_marlin(weight, scales, g, 0, rows, k, out_t)  # the series' own call
     cuda_dequant()
     torch.cuda.synchronize()
     row["same_bits"] = bool(torch.equal(out_t, out_c))
-    row["triton_best"] = min((k2 for k2 in row if k2.startswith("triton_")), key=row.__getitem__)
+    row["triton_best"] = min((k2 for k2 in row if k2.endswith("_us") and k2 != "cuda_us"),
+                             key=row.__getitem__)  # fmt: skip
     row["series_us"] = row[f"triton_k_{pf._K_TILES}x4_us"]
     for key in [key for key in row if key.endswith("_us")]:
         row[key.removesuffix("_us") + "_share"] = round(byte_count / row[key] / 1e6 / bw, 3)
@@ -116,6 +126,8 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--module", type=Path, default=MODULE)
     parser.add_argument("--out", type=Path)
+    parser.add_argument("--extra-module", type=Path, action="append", default=[],
+                        help="a candidate copy of the module, timed beside")  # fmt: skip
     args = parser.parse_args(argv)
     pf = load_module(args.module)
     kernels = fk.Kernels(fk.build(Path(tempfile.mkdtemp()), torch.cuda.get_device_capability()))
@@ -124,7 +136,7 @@ def main(argv: list[str] | None = None) -> int:
     rows_out = []
     print(f"[prefill-probe] copy bandwidth {bw:.2f} TB/s", flush=True)
     for name, (n, k) in bfm.SHAPES.items():
-        row = probe_shape(pf, kernels, name, n, k, gen, bw)
+        row = probe_shape(pf, kernels, name, n, k, gen, bw, tuple(args.extra_module))
         rows_out.append(row)
         print(f"[prefill-probe] {name}: rows {row['rows']}, CUDA {row['cuda_us']:.1f} us "
               f"({row['cuda_share']:.0%}), series' Triton {row['series_us']:.1f} us "

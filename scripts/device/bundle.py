@@ -11,7 +11,8 @@ archive holds:
                           gpu-host.txt; apache-tvm-ffi as the upstream release pins it)
   lib/                    shared libraries sgl_kernel links and the host may lack (libnuma)
   prebuilt/               with --prebuild ARCH: JIT modules built here + manifest.json
-  extra/                  files given with --include
+  extra/                  files given with --include; with the conformance stage, also
+                          extra/wheels/: the verified upstream wheel its tests come from
 The manifest records the sha256 of every part, of the whole archive and of every file in it;
 ``unpack`` (gpu_proof.py --bundle) checks all three and never runs a bundle that differs.
 
@@ -400,8 +401,8 @@ def _link(src: str, dst: str) -> None:
         shutil.copy2(src, dst)
 
 
-def _conformance_wheel(line: str, cache: Path, offline: bool) -> Path:
-    """The verified upstream wheel the line's conformance tests come from."""
+def _conformance_wheel(line: str | None, cache: Path, offline: bool) -> Path:
+    """The verified upstream wheel a line's (None: the pin's) conformance tests come from."""
     from fp4series import conformance
 
     release = conformance.upstream_release(REPO / "upstream.lock",
@@ -503,6 +504,11 @@ def make(args: argparse.Namespace) -> int:
         members += _prebuild(args.prebuild, variants, list(dict.fromkeys(wanted)), cache,
                              args.jobs, staging / "prebuilt")  # fmt: skip
     members += _includes(args.include)
+    wanted_stages = {s.name for s in stages.select(args.stages)}
+    if "conformance" in wanted_stages and not any(a.startswith("extra/wheels/sglang-")
+                                                  for _, a in members):  # fmt: skip
+        conf = _conformance_wheel(None, cache, args.offline)  # the stage's tests come from it
+        members.append((conf, f"extra/wheels/{conf.name}"))
     meta = {"series_revision": report.series_revision(REPO), "pin": report.pin_info(REPO),
             "made": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
             "python": args.python_version, "upstream": args.with_upstream or None,

@@ -32,7 +32,8 @@ BLOCK = re.compile(
 )
 DOCUMENTS = ("README.md", "docs/*.md")  # where generated blocks are looked for
 M_RANGES = (("M <= 8", (1, 2, 4, 8)), ("M = 16", (16,)), ("M = 32", (32,)),
-            ("M 64-128", (64, 128)), ("M 256-1024", (256, 1024)))  # fmt: skip
+            ("M 64-128", (64, 128)), ("M = 256", (256,)), ("M 512-1024", (512, 1024)),
+            ("M = 4096", (4096,)))  # fmt: skip
 
 
 def _table(header: Iterable[str], rows: Iterable[Iterable[Any]]) -> str:
@@ -137,19 +138,22 @@ def numerics_table(root: Path) -> str:
 def bench_table(root: Path) -> str:
     rows = _load(root / report.DEFAULT_REPORT_DIR / "bench.json")["rows"]
     lines = []
-    for label, field, kind in (
-        ("bf16 cuBLAS time / FP4 time (dense)", "bf16_us", "dense"),
-        ("INT4 GPTQ Marlin time / FP4 time (dense)", "int4_us", "dense"),
-        ("HBM roofline / FP4 time (dense)", "roofline_us", "dense"),
-        ("upstream 0.5.23 FP4 time / patched FP4 time (dense)", "upstream_fp4_us", "dense"),
-        ("bf16 time / FP4 time (MoE, E=64 top-8)", "bf16_us", "moe"),
-        ("INT4 time / FP4 time (MoE)", "int4_us", "moe"),
-        ("HBM roofline / FP4 time (MoE, touched experts)", "roofline_us", "moe"),
-    ):
+    for label, field, over, kind in (
+        ("bf16 cuBLAS time / FP4 time (dense)", "bf16_us", "fp4_us", "dense"),
+        ("INT4 GPTQ Marlin time / FP4 time (dense)", "int4_us", "fp4_us", "dense"),
+        ("HBM roofline / FP4 time (dense)", "roofline_us", "fp4_us", "dense"),
+        ("upstream 0.5.23 FP4 time / patched FP4 time (dense)", "upstream_fp4_us", "fp4_us",
+         "dense"),
+        ("FP4 time / dequant + cuBLAS time (dense, patch 13)", "fp4_us", "dequant_us", "dense"),
+        ("bf16 cuBLAS time / dequant + cuBLAS time (dense)", "bf16_us", "dequant_us", "dense"),
+        ("bf16 time / FP4 time (MoE, E=64 top-8)", "bf16_us", "fp4_us", "moe"),
+        ("INT4 time / FP4 time (MoE)", "int4_us", "fp4_us", "moe"),
+        ("HBM roofline / FP4 time (MoE, touched experts)", "roofline_us", "fp4_us", "moe"),
+    ):  # fmt: skip
         cells = []
         for _, ms in M_RANGES:
             chosen = [r for r in rows if r["kind"] == kind and r["m"] in ms]
-            ratios = [r[field] / r["fp4_us"] for r in chosen if r.get(field) and r.get("fp4_us")]
+            ratios = [r[field] / r[over] for r in chosen if r.get(field) and r.get(over)]
             lo, hi = (f"{min(ratios):.2f}", f"{max(ratios):.2f}") if ratios else ("-", "-")
             cells.append(lo if lo == hi else f"{lo}-{hi}")
         if any(c != "-" for c in cells):

@@ -62,12 +62,12 @@ DTYPES = ("float16", "bfloat16")
 TRACING_CHECKS = ("cuda_graph", "torch_compile")
 # Where a dense case ran patch 13's dequant + cuBLAS path, the tracing checks at its M
 PREFILL_TRACING_CHECKS = ("cuda_graph_m1024", "torch_compile_m1024")
-BENCH_MS = (1, 2, 4, 8, 16, 32, 64, 128, 256, 1024)
+BENCH_MS = (1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024, 4096)
 # bench.json's dispatch_path: the GEMM the series' dense linear runs (nvfp4_marlin_prefill); a
 # path other than Marlin may not be slower than Marlin in the same run beyond timing noise.
 DISPATCH_PATHS = ("marlin", "dequant+cublas")
 DISPATCH_SLACK = 1.02
-BENCH_DISPATCH_REQUIRED = False  # set once a committed bench.json has the columns
+BENCH_DISPATCH_REQUIRED = True
 META_FIELDS = ("command", "series_revision", "pin", "device", "torch", "date")
 REVISION_ENV = "FP4SERIES_SERIES_REVISION"  # JSON, set where the repo has no .git (device)
 DEFAULT_REPORT_DIR = Path("reports") / "h200"

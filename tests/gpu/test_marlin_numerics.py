@@ -63,8 +63,8 @@ DENSE_SHAPES: dict[str, tuple[int, int, tuple[int, ...]]] = {
     # N % 64 != 0 and K % 128 != 0 (K % 16 == 0 as NVFP4 requires): Marlin needs padding.
     "pad_1000x2080": (1000, 2080, (1000,)),
 }
-# From 1024 on SM90 the series runs these through nvfp4_marlin_prefill (dequant + cuBLAS)
-DENSE_MS = (1, 7, 16, 33, 128, 512, 1023, 1024)
+# From 512 on SM90 the series runs these through nvfp4_marlin_prefill (dequant + cuBLAS)
+DENSE_MS = (1, 7, 16, 33, 128, 511, 512, 1024)
 DTYPES = {"float16": torch.float16, "bfloat16": torch.bfloat16}
 # MoE layer: hidden 2048, intermediate 1408 (Qwen1.5-MoE-A2.7B-like), E x top-k below.
 MOE_HIDDEN = 2048

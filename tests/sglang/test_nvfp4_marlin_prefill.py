@@ -179,20 +179,20 @@ CAPABILITIES = [(8, 0), (8, 6), (8, 9), (9, 0), (10, 0), (12, 0)]
 
 
 @pytest.mark.parametrize("cuda_device", CAPABILITIES, indirect=True)
-@pytest.mark.parametrize("rows", [1, 16, 256, 512, 1023, 1024, 8192])
+@pytest.mark.parametrize("rows", [1, 16, 256, 511, 512, 1024, 8192])
 def test_dequant_path_only_where_measured(cuda_device, rows):
-    """SM90 and bf16 from PREFILL_MIN_M (1024) rows on; every other GPU, fp16 and fewer rows
+    """SM90 and bf16 from PREFILL_MIN_M (512) rows on; every other GPU, fp16 and fewer rows
     keep Marlin."""
     pf = importlib.import_module(PREFILL)
-    assert pf.PREFILL_MIN_M == 1024
+    assert pf.PREFILL_MIN_M == 512
     cuda = types.SimpleNamespace(type="cuda", index=0)
-    expected = cuda_device.capability == (9, 0) and rows >= 1024
+    expected = cuda_device.capability == (9, 0) and rows >= 512
     assert pf.use_dequant_gemm(rows, cuda, BF16) is expected
     assert pf.use_dequant_gemm(rows, cuda, FP16) is False
     assert pf.use_dequant_gemm(rows, torch.device("cpu"), BF16) is False
 
 
-@pytest.mark.parametrize("rows, marlin", [(1023, True), (1024, False)])
+@pytest.mark.parametrize("rows, marlin", [(511, True), (512, False)])
 def test_apply_takes_the_path_from_the_threshold(m, pf, monkeypatch, rows, marlin):
     """apply_fp4_marlin_linear asks the real use_dequant_gemm (the CPU tensor standing in for
     an SM90 device): Marlin's GEMM below PREFILL_MIN_M rows, the dequant path from it."""

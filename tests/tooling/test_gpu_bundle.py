@@ -61,6 +61,15 @@ def sources(tmp_path: Path) -> dict[str, Path]:
     }
 
 
+@pytest.fixture(autouse=True)
+def conformance_wheel(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    """The verified upstream wheel the conformance stage's tests come from (a stand-in)."""
+    wheel = tmp_path / "sglang-0.5.13-cp311-cp311-manylinux_2_34_x86_64.whl"
+    wheel.write_bytes(b"PK stand-in")
+    monkeypatch.setattr(bundle, "_conformance_wheel", lambda line, cache, offline: wheel)
+    return wheel
+
+
 def _make(s: dict[str, Path], *extra: str) -> int:
     return bundle.main([str(s["out"]), "--offline", "--cache", str(s["cache"]), "--wheels",
                         str(s["wheels"]), "--patched-tree", str(s["patched"]), "--pin-tree",
@@ -133,6 +142,21 @@ def test_includes_land_under_extra(sources: dict[str, Path], tmp_path: Path) -> 
     assert _make(sources, "--include", f"{tests}:upstream_tests") == 0
     root, _ = bundle.unpack(sources["out"], tmp_path / "work")
     assert (root / "extra/upstream_tests/kernels/test_x.py").is_file()
+
+
+def test_the_conformance_stage_brings_its_upstream_wheel(
+    sources: dict[str, Path], tmp_path: Path, conformance_wheel: Path
+) -> None:
+    """Its tests come from that wheel on a host without network: bundled where the stage is."""
+    name = f"extra/wheels/{conformance_wheel.name}"
+    assert _make(sources, "--stages", "numerics,conformance") == 0
+    root, manifest = bundle.unpack(sources["out"], tmp_path / "work")
+    assert (root / name).read_bytes() == conformance_wheel.read_bytes() and name in manifest[
+        "files"
+    ]
+    assert _make(sources, "--stages", "numerics,bench") == 0
+    assert not any(f.startswith("extra/wheels/") for f in
+                   json.loads((sources["out"] / "bundle.json").read_text())["files"])  # fmt: skip
 
 
 def test_unpatched_tree_has_pin_sources_and_leaves_the_patched_tree(

@@ -116,7 +116,8 @@ def _bench() -> dict[str, Any]:
         roof = 3.3 + m * 0.01
         rows.append(
             {"shape": "qkv_8b", "kind": "dense", "m": m, "n": 6144, "k": 4096, "fp4_us": roof * 3,
-             "bf16_us": 15.0, "int4_us": roof * 2.5, "roofline_us": roof, "upstream_fp4_us": 14.0}
+             "bf16_us": 15.0, "int4_us": roof * 2.5, "roofline_us": roof, "upstream_fp4_us": 14.0,
+             "dispatch_us": roof * 3, "dispatch_path": "marlin", "dequant_us": None}
         )  # fmt: skip
     return {**META, "copy_bandwidth_tb_s": 4.25, "rows": rows}
 
@@ -292,12 +293,14 @@ def test_bench_schema_and_roofline(tmp_path: Path) -> None:
     bench["rows"][0]["fp4_us"] = 1.0  # faster than HBM allows: measured L2, not HBM
     bench["rows"][1]["upstream_fp4_us"] = None
     del bench["rows"][2]["int4_us"]
+    del bench["rows"][3]["dispatch_us"]  # the linear as served: required beside Marlin
     bench["rows"] = [r for r in bench["rows"] if r["m"] != 1024]
     problems = report.check_report_dir(_write(tmp_path, bench=bench))
     text = "\n".join(problems)
     assert "beats the HBM roofline" in text
     assert "upstream_fp4_us is null without a note" in text
     assert "int4_us missing" in text
+    assert "m=8): dispatch_us missing" in text
     assert "lacks M in [1024]" in text
     bench2 = copy.deepcopy(_bench())
     bench2["rows"][1]["upstream_fp4_us"] = None
