@@ -45,6 +45,9 @@ def load_module(path: Path):
     return module
 
 
+PROFILE_ONLY = False  # --profile: each kernel launched once, not timed (for ncu)
+
+
 def timed(fn, reps: int = 20) -> float:
     """Median microseconds of REPS calls, each timed with CUDA events (warmed up)."""
     for _ in range(3):
@@ -92,6 +95,17 @@ def probe_shape(pf, kernels: fk.Kernels, name: str, n: int, k: int, gen: torch.G
             HAS_COL=False, K_TILES=kt, num_warps=warps, **flags,
         )  # fmt: skip
 
+    if PROFILE_ONLY:  # in this order: the CUDA kernel, the series' kernel, each candidate
+        launches = [cuda_dequant, lambda: pf.dequant_nvfp4_marlin(weight, scales, g, 0, rows, k,
+                                                                  out_t)]  # fmt: skip
+        for path in extras:
+            mod = load_module(path)
+            launches.append(lambda mod=mod: mod.dequant_nvfp4_marlin(weight, scales, g, 0, rows,
+                                                                     k, out_t))  # fmt: skip
+        for launch in launches:
+            launch()
+            torch.cuda.synchronize()
+        return {**row, "profiled": ["cuda", "series", *(p.stem for p in extras)]}
     row["cuda_us"] = timed(cuda_dequant)
     for name, flags in VARIANTS.items():
         for kt, warps in CONFIGS:
@@ -128,16 +142,24 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--out", type=Path)
     parser.add_argument("--extra-module", type=Path, action="append", default=[],
                         help="a candidate copy of the module, timed beside")  # fmt: skip
+    parser.add_argument("--profile", metavar="SHAPE", choices=list(bfm.SHAPES),
+                        help="that shape only, each kernel launched once (under ncu)")  # fmt: skip
     args = parser.parse_args(argv)
+    global PROFILE_ONLY
+    PROFILE_ONLY = bool(args.profile)
     pf = load_module(args.module)
     kernels = fk.Kernels(fk.build(Path(tempfile.mkdtemp()), torch.cuda.get_device_capability()))
     bw = bfm.copy_bandwidth_tb_s()
     gen = torch.Generator(device="cuda").manual_seed(13)
     rows_out = []
     print(f"[prefill-probe] copy bandwidth {bw:.2f} TB/s", flush=True)
-    for name, (n, k) in bfm.SHAPES.items():
+    shapes = {args.profile: bfm.SHAPES[args.profile]} if args.profile else bfm.SHAPES
+    for name, (n, k) in shapes.items():
         row = probe_shape(pf, kernels, name, n, k, gen, bw, tuple(args.extra_module))
         rows_out.append(row)
+        if args.profile:
+            print(f"[prefill-probe] {name}: launched {', '.join(row['profiled'])}", flush=True)
+            return 0
         print(f"[prefill-probe] {name}: rows {row['rows']}, CUDA {row['cuda_us']:.1f} us "
               f"({row['cuda_share']:.0%}), series' Triton {row['series_us']:.1f} us "
               f"({row['series_share']:.0%}), best {row['triton_best']}, "
