@@ -39,7 +39,7 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -337,6 +337,23 @@ def wait_upstream_build(t0: float, budget_s: float | None) -> str:
     return "" if rc == "0" else f"upstream 0.5.23 not run: its JIT build exited {rc}"
 
 
+def upstream_worker_env(tree: str, patched_root: Path, environ: Mapping[str, str]) -> dict:
+    """The upstream worker's environment: 0.5.23's tree first (its `sglang` package wins), then
+    its own extras (apache-tvm-ffi 0.1.11, which it pins), then the rest without the patched
+    tree; both JIT caches (tvm-ffi's and, from 0.5.17 on, SGLang's own) at the one its modules
+    were built into (FP4SERIES_UPSTREAM_CACHE), not the patched tree's."""
+    env = dict(environ)
+    rest = [p for p in env.get("PYTHONPATH", "").split(os.pathsep) if p]
+    rest = [p for p in rest if os.path.realpath(p) != os.path.realpath(patched_root)]
+    extra = json.loads(env.get("FP4SERIES_UPSTREAM_EXTRA_PATH", "[]"))
+    env["PYTHONPATH"] = os.pathsep.join([tree, *extra, *rest])
+    default_cache = env.get("TVM_FFI_CACHE_DIR", os.path.expanduser("~/.cache/tvm-ffi")) + "-0523"
+    cache = env.get("FP4SERIES_UPSTREAM_CACHE", default_cache)
+    env["TVM_FFI_CACHE_DIR"] = cache
+    env["SGLANG_JIT_CACHE_DIR"] = cache
+    return env
+
+
 def run_upstream(
     tree: str, tensors: dict[str, dict[str, torch.Tensor]], ms: Sequence[int], replays: int
 ) -> tuple[dict[tuple[str, int], tuple[float, float]], str]:
@@ -353,18 +370,10 @@ def run_upstream(
             shapes.append({"shape": shape, "n": n, "k": k, "file": f"{shape}.pt", "ms": list(ms),
                            "atomic": atomic})  # fmt: skip
         (job_dir / "job.json").write_text(json.dumps({"shapes": shapes}))
-        env = dict(os.environ)
-        # 0.5.23's tree first (its `sglang` package wins), then its own extras (apache-tvm-ffi
-        # 0.1.11, which it pins), then the rest without the patched tree.
         import sglang
 
-        patched_root = str(Path(sglang.__file__).resolve().parents[1])
-        rest = [p for p in env.get("PYTHONPATH", "").split(os.pathsep) if p]
-        rest = [p for p in rest if os.path.realpath(p) != patched_root]
-        extra = json.loads(env.get("FP4SERIES_UPSTREAM_EXTRA_PATH", "[]"))
-        env["PYTHONPATH"] = os.pathsep.join([tree, *extra, *rest])
-        default_cache = env.get("TVM_FFI_CACHE_DIR", os.path.expanduser("~/.cache/tvm-ffi"))
-        env["TVM_FFI_CACHE_DIR"] = env.get("FP4SERIES_UPSTREAM_CACHE", default_cache + "-0523")
+        patched_root = Path(sglang.__file__).resolve().parents[1]
+        env = upstream_worker_env(tree, patched_root, os.environ)
         cmd = [
             sys.executable,
             __file__,

@@ -97,3 +97,28 @@ def test_roofline_formula() -> None:
     us = bench.roofline_us(1, 8192, 8192, 4.25)
     assert us == pytest.approx((8192 * 8192 * (0.5 + 1 / 16) + 2 * 8192 * 2) / 4.25e12 * 1e6)
     assert 8.8 < us < 8.9  # the anchor measurement's fp4 roofline at M=1 (8.88 us)
+
+
+def test_upstream_worker_finds_the_modules_built_for_it(tmp_path: Path) -> None:
+    """0.5.23 builds through SGLang's own JIT cache (SGLANG_JIT_CACHE_DIR), 0.5.11 through
+    tvm-ffi's: the worker gets the upstream build's directory for both, never the patched
+    tree's (a miss there recompiled 0.5.23's Marlin for minutes on the GPU host), and the
+    patched tree leaves its import path."""
+    pytest.importorskip("torch")
+    import bench_fp4_marlin as bench
+
+    patched, upstream_cache = tmp_path / "patched", str(tmp_path / "cache" / "upstream")
+    environ = {
+        "PYTHONPATH": f"/site:{patched}:/src",
+        "TVM_FFI_CACHE_DIR": str(tmp_path / "cache" / "patched"),
+        "SGLANG_JIT_CACHE_DIR": str(tmp_path / "cache" / "patched"),
+        "FP4SERIES_UPSTREAM_CACHE": upstream_cache,
+        "FP4SERIES_UPSTREAM_EXTRA_PATH": '["/site-upstream"]',
+    }
+    env = bench.upstream_worker_env("/up/python", patched, environ)
+    assert env["TVM_FFI_CACHE_DIR"] == env["SGLANG_JIT_CACHE_DIR"] == upstream_cache
+    assert env["PYTHONPATH"].split(":") == ["/up/python", "/site-upstream", "/site", "/src"]
+    del environ["FP4SERIES_UPSTREAM_CACHE"]
+    env = bench.upstream_worker_env("/up/python", patched, environ)
+    own = str(tmp_path / "cache" / "patched") + "-0523"  # a directory of its own
+    assert env["TVM_FFI_CACHE_DIR"] == env["SGLANG_JIT_CACHE_DIR"] == own
