@@ -382,8 +382,11 @@ def run_upstream(
             "--replays",
             str(replays),
         ]
-        # its stderr (JIT builds, progress) goes to this process's log as it happens
-        proc = subprocess.run(cmd, env=env, stdout=subprocess.DEVNULL, timeout=480)
+        # its output (JIT builds, progress) goes to this process's log as it happens
+        try:
+            proc = subprocess.run(cmd, env=env, timeout=480)
+        except subprocess.TimeoutExpired:
+            return {}, "upstream 0.5.23 worker stopped after 480 s (its output: the log)"
         if proc.returncode != 0:
             return {}, f"upstream 0.5.23 worker exited {proc.returncode} (its output: the log)"
         rows = json.loads((job_dir / "result.json").read_text())

@@ -45,9 +45,6 @@ def load_module(path: Path):
     return module
 
 
-PROFILE_ONLY = False  # --profile: each kernel launched once, not timed (for ncu)
-
-
 def timed(fn, reps: int = 20) -> float:
     """Median microseconds of REPS calls, each timed with CUDA events (warmed up)."""
     for _ in range(3):
@@ -64,8 +61,10 @@ def timed(fn, reps: int = 20) -> float:
 
 
 def probe_shape(pf, kernels: fk.Kernels, name: str, n: int, k: int, gen: torch.Generator,
-                bw: float, extras: tuple[Path, ...] = ()) -> dict:  # fmt: skip
-    """One shape's chunk (the series' rows for its K) through both kernels, bf16."""
+                bw: float, extras: tuple[Path, ...] = (),
+                profile: bool = False) -> dict:  # fmt: skip
+    """One shape's chunk (the series' rows for its K) through both kernels, bf16. ``profile``:
+    each kernel launched once, not timed (for ncu)."""
     dtype = torch.bfloat16
     bias = fk.GLOBAL_SCALE_BIAS[dtype]
     g = torch.tensor([2.0 ** (bias - 7) * 1e-2], device="cuda").to(dtype)
@@ -95,7 +94,16 @@ def probe_shape(pf, kernels: fk.Kernels, name: str, n: int, k: int, gen: torch.G
             HAS_COL=False, K_TILES=kt, num_warps=warps, **flags,
         )  # fmt: skip
 
-    if PROFILE_ONLY:  # in this order: the CUDA kernel, the series' kernel, each candidate
+    def same_bits(launch) -> bool:  # noqa: ANN001
+        """LAUNCH's output against the CUDA kernel's, both written afresh (NaN before)."""
+        out_t.fill_(float("nan"))
+        out_c.fill_(float("nan"))
+        launch()
+        cuda_dequant()
+        torch.cuda.synchronize()
+        return bool(torch.equal(out_t, out_c))
+
+    if profile:  # in this order: the CUDA kernel, the series' kernel, each candidate
         launches = [cuda_dequant, lambda: pf.dequant_nvfp4_marlin(weight, scales, g, 0, rows, k,
                                                                   out_t)]  # fmt: skip
         for path in extras:
@@ -111,25 +119,18 @@ def probe_shape(pf, kernels: fk.Kernels, name: str, n: int, k: int, gen: torch.G
         for kt, warps in CONFIGS:
             fn = lambda kt=kt, warps=warps, flags=flags: triton_dequant(kt, warps, flags)  # noqa: E731
             row[f"triton_{name}_{kt}x{warps}_us"] = timed(fn)
-            triton_dequant(kt, warps, flags)
-            cuda_dequant()
-            torch.cuda.synchronize()
-            row.setdefault("same_bits_all", True)
-            row["same_bits_all"] &= bool(torch.equal(out_t, out_c))
+            row["same_bits_all"] = row.get("same_bits_all", True) and same_bits(fn)
     for path in extras:  # other modules' own wrappers (candidate kernels), same bits required
         mod = load_module(path)
         fn = lambda mod=mod: mod.dequant_nvfp4_marlin(weight, scales, g, 0, rows, k, out_t)  # noqa: E731
         row[f"extra_{path.stem}_us"] = timed(fn)
-        fn()
-        cuda_dequant()
-        torch.cuda.synchronize()
-        row[f"extra_{path.stem}_same_bits"] = bool(torch.equal(out_t, out_c))
-    pf.dequant_nvfp4_marlin(weight, scales, g, 0, rows, k, out_t)  # the series' own call
-    cuda_dequant()
-    torch.cuda.synchronize()
-    row["same_bits"] = bool(torch.equal(out_t, out_c))
-    row["triton_best"] = min((k2 for k2 in row if k2.endswith("_us") and k2 != "cuda_us"),
-                             key=row.__getitem__)  # fmt: skip
+        row[f"extra_{path.stem}_same_bits"] = same_bits(fn)
+    row["same_bits"] = same_bits(  # the series' own call
+        lambda: pf.dequant_nvfp4_marlin(weight, scales, g, 0, rows, k, out_t)
+    )
+    row["triton_best"] = min((k2 for k2 in row if k2.startswith("triton_")), key=row.__getitem__)
+    row["fastest"] = min((k2 for k2 in row if k2.endswith("_us") and k2 != "cuda_us"),
+                         key=row.__getitem__)  # fmt: skip
     row["series_us"] = row[f"triton_k_{pf._K_TILES}x4_us"]
     for key in [key for key in row if key.endswith("_us")]:
         row[key.removesuffix("_us") + "_share"] = round(byte_count / row[key] / 1e6 / bw, 3)
@@ -145,8 +146,6 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--profile", metavar="SHAPE", choices=list(bfm.SHAPES),
                         help="that shape only, each kernel launched once (under ncu)")  # fmt: skip
     args = parser.parse_args(argv)
-    global PROFILE_ONLY
-    PROFILE_ONLY = bool(args.profile)
     pf = load_module(args.module)
     kernels = fk.Kernels(fk.build(Path(tempfile.mkdtemp()), torch.cuda.get_device_capability()))
     bw = bfm.copy_bandwidth_tb_s()
@@ -155,14 +154,15 @@ def main(argv: list[str] | None = None) -> int:
     print(f"[prefill-probe] copy bandwidth {bw:.2f} TB/s", flush=True)
     shapes = {args.profile: bfm.SHAPES[args.profile]} if args.profile else bfm.SHAPES
     for name, (n, k) in shapes.items():
-        row = probe_shape(pf, kernels, name, n, k, gen, bw, tuple(args.extra_module))
+        row = probe_shape(pf, kernels, name, n, k, gen, bw, tuple(args.extra_module),
+                          profile=bool(args.profile))  # fmt: skip
         rows_out.append(row)
         if args.profile:
             print(f"[prefill-probe] {name}: launched {', '.join(row['profiled'])}", flush=True)
             return 0
         print(f"[prefill-probe] {name}: rows {row['rows']}, CUDA {row['cuda_us']:.1f} us "
               f"({row['cuda_share']:.0%}), series' Triton {row['series_us']:.1f} us "
-              f"({row['series_share']:.0%}), best {row['triton_best']}, "
+              f"({row['series_share']:.0%}), fastest {row['fastest']}, "
               f"same bits {row['same_bits']}", flush=True)  # fmt: skip
         torch.cuda.empty_cache()
     data = {"device": torch.cuda.get_device_name(), "copy_bandwidth_tb_s": bw, "rows": rows_out}

@@ -504,11 +504,10 @@ def make(args: argparse.Namespace) -> int:
         members += _prebuild(args.prebuild, variants, list(dict.fromkeys(wanted)), cache,
                              args.jobs, staging / "prebuilt")  # fmt: skip
     members += _includes(args.include)
-    wanted_stages = {s.name for s in stages.select(args.stages)}
-    if "conformance" in wanted_stages and not any(a.startswith("extra/wheels/sglang-")
-                                                  for _, a in members):  # fmt: skip
+    if "conformance" in {s.name for s in stages.select(args.stages)}:
         conf = _conformance_wheel(None, cache, args.offline)  # the stage's tests come from it
-        members.append((conf, f"extra/wheels/{conf.name}"))
+        if f"extra/wheels/{conf.name}" not in {a for _, a in members}:  # not also --include'd
+            members.append((conf, f"extra/wheels/{conf.name}"))
     meta = {"series_revision": report.series_revision(REPO), "pin": report.pin_info(REPO),
             "made": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
             "python": args.python_version, "upstream": args.with_upstream or None,
@@ -607,7 +606,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--with-upstream", metavar="VERSION", help="e.g. 0.5.23: benchmark column")
     p.add_argument("--prebuild", metavar="ARCH", help="prebuild JIT modules here (e.g. sm_90)")
     p.add_argument("--stages", default=",".join(stages.DEFAULT_STAGES),
-                   help="stages whose modules --prebuild builds")  # fmt: skip
+                   help="stages whose modules --prebuild builds; with conformance, the "
+                   "verified 0.5.13 wheel its tests come from is bundled too")  # fmt: skip
     p.add_argument("--jobs", type=int, default=2, help="parallel prebuilds (default 2)")
     p.add_argument("--wheels", type=Path, help="default requirements/gpu-host.txt (a line's: "
                    "requirements/V/gpu-host.txt)")  # fmt: skip

@@ -157,6 +157,11 @@ def test_the_conformance_stage_brings_its_upstream_wheel(
     assert _make(sources, "--stages", "numerics,bench") == 0
     assert not any(f.startswith("extra/wheels/") for f in
                    json.loads((sources["out"] / "bundle.json").read_text())["files"])  # fmt: skip
+    other = tmp_path / "sglang-0.5.23-cp310-abi3-manylinux2014_x86_64.whl"  # not the tests' one
+    other.write_bytes(b"PK other")
+    assert _make(sources, "--include", f"{other}:wheels/{other.name}") == 0
+    files = json.loads((sources["out"] / "bundle.json").read_text())["files"]
+    assert name in files and f"extra/wheels/{other.name}" in files
 
 
 def test_unpatched_tree_has_pin_sources_and_leaves_the_patched_tree(
