@@ -13,6 +13,10 @@ Method (what bench.md states):
   the series takes another path; ``dispatch_us`` / ``dispatch_path``: the same op as a model
   runs it (from M = 1024 on SM90 the weights dequantized for cuBLAS, nvfp4_marlin_prefill;
   where the path is Marlin, dispatch_us is fp4_us: the same call).
+* FP8 (``fp8_us``, SM89 and newer): e4m3 weights and activations through cuBLASLt
+  (``torch._scaled_mm``, per-tensor scales, bf16 out), what an H100/H200 user serves instead:
+  the GEMM alone, activations already in FP8 (a W8A8 layer also quantizes its input, one more
+  kernel), weights rotated as the other columns. Dense rows only.
 * INT4: the pin's ``gptq_marlin_gemm`` with ``uint4b8``, group size 128 (GPTQ as run today).
 * Upstream 0.5.23: its own ``gptq_marlin_gemm`` wrapper and JIT module (``sglang.kernels``),
   run in a subprocess with the 0.5.23 tree on PYTHONPATH, on the same Marlin-layout tensors
@@ -65,6 +69,7 @@ SHAPES: dict[str, tuple[int, int]] = {
 MOE = {"e": 64, "topk": 8, "hidden": 2048, "inter": 1408}
 INT4_GROUP = 128
 DTYPE = torch.bfloat16
+FP8_FROM = (8, 9)  # compute capability from which FP8 e4m3 GEMMs run (cuBLASLt)
 
 
 # ----------------------------------------------------------------------------- timing
@@ -227,6 +232,27 @@ def bench_bf16(n: int, k: int, ms: Sequence[int], replays: int):
         fns = [(lambda w=w, x=x: torch.matmul(x, w.t())) for w in ws]
         out[m] = time_graph(rotation(fns), replays)
     del ws, w0
+    return out
+
+
+def bench_fp8(n: int, k: int, ms: Sequence[int], replays: int) -> dict[int, tuple[float, float]]:
+    """FP8 e4m3 weights and activations through cuBLASLt (``torch._scaled_mm``, per-tensor
+    scales, bf16 out): the GEMM an FP8 checkpoint runs on Hopper, without the activations'
+    quantization. Microseconds (median, best) per M."""
+    w0 = (torch.randn(n, k, device="cuda") * 0.05).to(torch.float8_e4m3fn)
+    ws = [w0] + [w0.clone() for _ in range(copies_for(n * k) - 1)]
+    one = torch.ones((), device="cuda")
+    out = {}
+    for m in ms:
+        x = torch.randn(m, k, device="cuda").to(torch.float8_e4m3fn)
+        fns = [
+            lambda w=w, x=x: torch._scaled_mm(x, w.t(), scale_a=one, scale_b=one,
+                                              out_dtype=torch.bfloat16)
+            for w in ws
+        ]  # fmt: skip
+        out[m] = time_graph(rotation(fns), replays)
+    del ws, w0
+    torch.cuda.empty_cache()
     return out
 
 
@@ -514,6 +540,65 @@ def _ratio(a: float | None, b: float | None) -> str:
     return f"{a / b:.2f}" if a and b else "-"
 
 
+def _span(values: Sequence[float], fmt: str = ".2f") -> str:
+    lo, hi = min(values), max(values)
+    return f"{lo:{fmt}}" if f"{lo:{fmt}}" == f"{hi:{fmt}}" else f"{lo:{fmt}}-{hi:{fmt}}"
+
+
+def goal_rows(rows: Sequence[Mapping[str, Any]]) -> list[dict[str, Any]]:
+    """Issue 23's kernel-level goals as this run measured them on the dense rows: the series'
+    linear as served (dispatch_us) against FP4 Marlin, bf16 cuBLAS and the HBM roofline. Each
+    goal: its words, what was measured, met (True/False); FP8 beside, for information (its
+    goals are end to end). Goals whose rows are missing are left out."""
+    from fp4series.report import DISPATCH_SLACK
+
+    dense = [r for r in rows if r.get("kind", "dense") == "dense" and r.get("dispatch_us")]
+
+    def at(ms: set[int]) -> list[Mapping[str, Any]]:
+        return [r for r in dense if r["m"] in ms]
+
+    def geomean(values: list[float]) -> float:
+        return math.exp(sum(map(math.log, values)) / len(values))
+
+    goals: list[dict[str, Any]] = []
+    for ms, target in (({1, 2, 4}, 1.5), ({8, 16}, 1.25)):
+        if speedups := [r["fp4_us"] / r["dispatch_us"] for r in at(ms)]:
+            value = geomean(speedups)
+            goals.append({"goal": f"M {min(ms)}-{max(ms)}: geometric-mean speed-up over FP4 "
+                                  f"Marlin >= {target}x", "measured": f"{value:.2f}x",
+                          "met": value >= target})  # fmt: skip
+    if big := [r for r in at({1}) if r["roofline_us"] >= 8.0]:
+        shares = {r["shape"]: r["roofline_us"] / r["dispatch_us"] for r in big}
+        goals.append({"goal": "M = 1: >= 70 % of the HBM roofline on every shape whose "
+                              "roofline is >= 8 us",
+                      "measured": ", ".join(f"{s} {v:.0%}" for s, v in shares.items()),
+                      "met": min(shares.values()) >= 0.7})  # fmt: skip
+    if mid := [r for r in at({32, 64}) if r.get("bf16_us")]:
+        ratios = [r["bf16_us"] / r["dispatch_us"] for r in mid]
+        goals.append({"goal": "M 32-64: never slower than bf16 cuBLAS",
+                      "measured": f"bf16 time / dispatch time {_span(ratios)}",
+                      "met": min(ratios) >= 1.0})  # fmt: skip
+    if big_m := [r for r in dense if r["m"] >= 1024 and r.get("bf16_us")]:
+        speed = {(r["shape"], r["m"]): r["bf16_us"] / r["dispatch_us"] for r in big_m}
+        below = sorted({f"{s} (M {m}: {v:.2f}x)" for (s, m), v in speed.items() if v < 0.8})
+        goals.append({"goal": "M >= 1024: >= 0.8x bf16 cuBLAS's speed on every shape",
+                      "measured": f"{_span(list(speed.values()))}x"
+                                  + (f"; below: {', '.join(below)}" if below else ""),
+                      "met": not below})  # fmt: skip
+    if served := [r for r in dense if r.get("dispatch_path", "marlin") != "marlin"]:
+        worst = max(r["dispatch_us"] / r["fp4_us"] for r in served)
+        goals.append({"goal": "never slower than Marlin (where the dispatch leaves it)",
+                      "measured": f"dispatch time / Marlin time at most {worst:.2f}",
+                      "met": worst <= DISPATCH_SLACK})  # fmt: skip
+    for ms in ({1}, {8}, {1024}):
+        if fp8 := [r["fp8_us"] / r["dispatch_us"] for r in at(ms) if r.get("fp8_us")]:
+            goals.append({"goal": f"FP8 beside (kernel level, M = {min(ms)}; information: the "
+                                  "FP8 goals are end to end)",
+                          "measured": f"FP8 time / dispatch time {_span(fp8)}",
+                          "met": None})  # fmt: skip
+    return goals
+
+
 def write_markdown(data: dict[str, Any], path: Path) -> None:
     lines = [
         "# FP4 Marlin benchmark",
@@ -529,12 +614,22 @@ def write_markdown(data: dict[str, Any], path: Path) -> None:
         "(bf16/FP4, INT4/FP4, upstream/FP4); roofline/FP4 is the fraction of the HBM roofline "
         "reached. FP4 = FP4 Marlin; dispatch = the series' linear as served (its path); "
         "dequant = its dequant + cuBLAS path forced (from M = 128, where the series has it); "
-        "FP4/disp and bf16/disp: > 1 where the dispatch is faster.",
+        "FP8 = e4m3 through cuBLASLt, the GEMM alone; "
+        "FP4/disp, bf16/disp and FP8/disp: > 1 where the dispatch is faster.",
         "",
-        "| shape | N | K | M | FP4 us | dispatch us | path | dequant us | bf16 us | INT4 us "
-        "| upstream 0.5.23 us | roofline us | bf16/FP4 | INT4/FP4 | up/FP4 | roof/FP4 "
-        "| FP4/disp | bf16/disp |",
-        "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|",
+    ]
+    if data.get("goals"):
+        lines += ["## Issue 23's goals in this run (what limits each: bench/kernels/NOTES.md)",
+                  "", "| goal | measured | met |", "|---|---|---|"]  # fmt: skip
+        for g in data["goals"]:
+            met = {True: "yes", False: "no", None: "-"}[g["met"]]
+            lines.append(f"| {g['goal']} | {g['measured']} | {met} |")
+        lines += ["", "## Every row", ""]
+    lines += [
+        "| shape | N | K | M | FP4 us | dispatch us | path | dequant us | bf16 us | FP8 us "
+        "| INT4 us | upstream 0.5.23 us | roofline us | bf16/FP4 | INT4/FP4 | up/FP4 | roof/FP4 "
+        "| FP4/disp | bf16/disp | FP8/disp |",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     for r in data["rows"]:
 
@@ -544,16 +639,17 @@ def write_markdown(data: dict[str, Any], path: Path) -> None:
         lines.append(
             f"| {r['shape']} | {r['n']} | {r['k']} | {r['m']} | {f(r['fp4_us'])} | "
             f"{f(r.get('dispatch_us'))} | {r.get('dispatch_path', '-')} | "
-            f"{f(r.get('dequant_us'))} | "
-            f"{f(r.get('bf16_us'))} | {f(r.get('int4_us'))} | {f(r.get('upstream_fp4_us'))} | "
+            f"{f(r.get('dequant_us'))} | {f(r.get('bf16_us'))} | {f(r.get('fp8_us'))} | "
+            f"{f(r.get('int4_us'))} | {f(r.get('upstream_fp4_us'))} | "
             f"{f(r['roofline_us'])} | {_ratio(r.get('bf16_us'), r['fp4_us'])} | "
             f"{_ratio(r.get('int4_us'), r['fp4_us'])} | "
             f"{_ratio(r.get('upstream_fp4_us'), r['fp4_us'])} | "
             f"{_ratio(r['roofline_us'], r['fp4_us'])} | "
             f"{_ratio(r['fp4_us'], r.get('dispatch_us'))} | "
-            f"{_ratio(r.get('bf16_us'), r.get('dispatch_us'))} |"
+            f"{_ratio(r.get('bf16_us'), r.get('dispatch_us'))} | "
+            f"{_ratio(r.get('fp8_us'), r.get('dispatch_us'))} |"
         )
-    for key in ("upstream_note", "moe_note"):
+    for key in ("upstream_note", "moe_note", "fp8_note"):
         if data.get(key):
             lines += ["", f"Note ({key}): {data[key]}"]
     path.write_text("\n".join(lines) + "\n")
@@ -596,6 +692,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     fp4_tensors: dict[str, dict[str, torch.Tensor]] = {}
     skipped: list[str] = []
     last_shape_s = 0.0
+    fp8_note = ""
+    if torch.cuda.get_device_capability() < FP8_FROM:
+        fp8_note = f"FP8 not timed: e4m3 GEMMs need SM{''.join(map(str, FP8_FROM))} or newer"
     for i, shape in enumerate(shapes):
         if args.budget_s is not None and time.time() - t0 + last_shape_s > args.budget_s:
             skipped = shapes[i:]
@@ -607,6 +706,12 @@ def main(argv: Sequence[str] | None = None) -> int:
         fp4, dispatch, dequant = bench_fp4(n, k, base, ms, args.replays)
         bf16 = bench_bf16(n, k, ms, args.replays)
         int4 = bench_int4(n, k, ms, args.replays)
+        fp8: dict[int, tuple[float, float]] = {}
+        if not fp8_note:
+            try:
+                fp8 = bench_fp8(n, k, ms, args.replays)
+            except Exception as exc:  # a column beside the others: keep the shape
+                fp8_note = f"FP8 failed on {shape}: {type(exc).__name__}: {exc}"
         fp4_tensors[shape] = base
         for m in ms:
             rows.append({
@@ -617,6 +722,8 @@ def main(argv: Sequence[str] | None = None) -> int:
                 "dispatch_us": dispatch[m][0], "dispatch_best_us": dispatch[m][1],
                 "dispatch_path": dense_gemm(m, DTYPE),
                 "dequant_us": dequant[m][0] if m in dequant else None,
+                "fp8_us": fp8[m][0] if m in fp8 else None,
+                "fp8_best_us": fp8[m][1] if m in fp8 else None,
             })  # fmt: skip
         print(f"[bench] {shape}: done at {time.time() - t0:.0f} s", flush=True)
         torch.cuda.empty_cache()
@@ -645,6 +752,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             moe_rows, moe_note = bench_moe(ms, args.replays, bw)
             for r in moe_rows:
                 r["note"] = moe_note or "MoE row"
+                r["fp8_us"] = None  # the FP8 column is dense only
             rows += moe_rows
         except Exception as exc:
             moe_note = f"MoE benchmark failed: {type(exc).__name__}: {exc}"
@@ -667,8 +775,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         seconds=round(time.time() - t0, 1),
         upstream_note=upstream_note,
         moe_note=moe_note,
+        fp8_note=fp8_note,
         shapes_skipped_for_budget=skipped,
         rows=rows,
+        goals=goal_rows(rows),
     )
     out = Path(args.out)
     report.write_json(out / "bench.json", data)

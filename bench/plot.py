@@ -1,5 +1,6 @@
 """Plot bench.json: speed-ups versus M, one line per shape: FP4 Marlin against each baseline,
-and the series' dispatch (Marlin, or dequant + cuBLAS at prefill sizes) against bf16 and Marlin.
+and the series' dispatch (Marlin, or dequant + cuBLAS at prefill sizes) against bf16, Marlin,
+FP8 and the roofline.
 
 Usage: python bench/plot.py reports/h200/bench.json reports/h200/bench.png
 """
@@ -19,6 +20,8 @@ PANELS = (  # (numerator, denominator, title)
     ("fp4_us", "dispatch_us", "FP4 Marlin time / the series' dispatch time"),
     ("upstream_fp4_us", "fp4_us", "upstream 0.5.23 FP4 time / patched FP4 time"),
     ("roofline_us", "fp4_us", "HBM roofline / FP4 Marlin time (fraction reached)"),
+    ("fp8_us", "dispatch_us", "FP8 cuBLASLt time / the series' dispatch time"),
+    ("roofline_us", "dispatch_us", "HBM roofline / the series' dispatch time"),
 )
 
 
@@ -40,7 +43,7 @@ def plot_bench(data: dict[str, Any], out: Path) -> Path:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    fig, axes = plt.subplots(3, 2, figsize=(14, 14), sharex=True)
+    fig, axes = plt.subplots(4, 2, figsize=(14, 18), sharex=True)
     for ax, (baseline, over, title) in zip(axes.flat, PANELS, strict=True):
         for shape, points in speedups(data["rows"], baseline, over).items():
             ms, ys = zip(*points, strict=True)

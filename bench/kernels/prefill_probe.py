@@ -34,8 +34,22 @@ import bench_fp4_marlin as bfm  # noqa: E402  (the eight shapes, the copy bandwi
 import fp4_kernels as fk  # noqa: E402
 
 MODULE = REPO / ".work/checkout/python/sglang/srt/layers/quantization/nvfp4_marlin_prefill.py"
-CONFIGS = ((4, 4), (8, 4), (8, 8), (16, 4), (16, 8))  # (k-tiles per program, warps)
-VARIANTS = {"k": {}}  # constexpr sets of the kernel to compare (none left to choose today)
+# Program shapes timed: (k-tiles per program, warps, register cap or 0 for Triton's own).
+# Registers a thread at sm_90a (``--registers``, no GPU needed): 8x4 48, 16x4 74 (64 with 12
+# bytes spilled), 16x8 48, 32x8 91, 8x2 80, 32x16 54; a cap below that spills (16x4 at 40:
+# 304 bytes).
+CONFIGS = ((4, 4, 0), (8, 4, 0), (8, 8, 0), (16, 4, 0), (16, 8, 0))
+
+
+def parse_config(text: str) -> tuple[int, int, int]:
+    """``KTxW`` or ``KTxWrR`` (R registers a thread at most) -> (KT, W, R or 0)."""
+    head, _, cap = text.partition("r")
+    kt, _, warps = head.partition("x")
+    return int(kt), int(warps), int(cap or 0)
+
+
+def config_key(kt: int, warps: int, cap: int) -> str:
+    return f"triton_k_{kt}x{warps}" + (f"r{cap}" if cap else "") + "_us"
 
 
 def load_module(path: Path):
@@ -61,8 +75,8 @@ def timed(fn, reps: int = 20) -> float:
 
 
 def probe_shape(pf, kernels: fk.Kernels, name: str, n: int, k: int, gen: torch.Generator,
-                bw: float, extras: tuple[Path, ...] = (),
-                profile: bool = False) -> dict:  # fmt: skip
+                bw: float, extras: tuple[Path, ...] = (), profile: bool = False,
+                configs: tuple[tuple[int, int, int], ...] = CONFIGS) -> dict:  # fmt: skip
     """One shape's chunk (the series' rows for its K) through both kernels, bf16. ``profile``:
     each kernel launched once, not timed (for ncu)."""
     dtype = torch.bfloat16
@@ -87,11 +101,11 @@ def probe_shape(pf, kernels: fk.Kernels, name: str, n: int, k: int, gen: torch.G
         )  # fmt: skip
         kernels.check(rc, "fp4_dequant")
 
-    def triton_dequant(kt: int, warps: int, flags: dict) -> None:
+    def triton_dequant(kt: int, warps: int, cap: int) -> None:
         grid = ((k + 16 * kt - 1) // (16 * kt), (rows + 63) // 64)
         pf._dequant_nvfp4_marlin_kernel[grid](
             weight, scales, g, g, out_t, n, 0, rows, k, k, pf._UNBIAS[dtype],
-            HAS_COL=False, K_TILES=kt, num_warps=warps, **flags,
+            HAS_COL=False, K_TILES=kt, num_warps=warps, **({"maxnreg": cap} if cap else {}),
         )  # fmt: skip
 
     def same_bits(launch) -> bool:  # noqa: ANN001
@@ -115,11 +129,10 @@ def probe_shape(pf, kernels: fk.Kernels, name: str, n: int, k: int, gen: torch.G
             torch.cuda.synchronize()
         return {**row, "profiled": ["cuda", "series", *(p.stem for p in extras)]}
     row["cuda_us"] = timed(cuda_dequant)
-    for name, flags in VARIANTS.items():
-        for kt, warps in CONFIGS:
-            fn = lambda kt=kt, warps=warps, flags=flags: triton_dequant(kt, warps, flags)  # noqa: E731
-            row[f"triton_{name}_{kt}x{warps}_us"] = timed(fn)
-            row["same_bits_all"] = row.get("same_bits_all", True) and same_bits(fn)
+    for kt, warps, cap in configs:
+        fn = lambda kt=kt, warps=warps, cap=cap: triton_dequant(kt, warps, cap)  # noqa: E731
+        row[config_key(kt, warps, cap)] = timed(fn)
+        row["same_bits_all"] = row.get("same_bits_all", True) and same_bits(fn)
     for path in extras:  # other modules' own wrappers (candidate kernels), same bits required
         mod = load_module(path)
         fn = lambda mod=mod: mod.dequant_nvfp4_marlin(weight, scales, g, 0, rows, k, out_t)  # noqa: E731
@@ -131,10 +144,45 @@ def probe_shape(pf, kernels: fk.Kernels, name: str, n: int, k: int, gen: torch.G
     row["triton_best"] = min((k2 for k2 in row if k2.startswith("triton_")), key=row.__getitem__)
     row["fastest"] = min((k2 for k2 in row if k2.endswith("_us") and k2 != "cuda_us"),
                          key=row.__getitem__)  # fmt: skip
-    row["series_us"] = row[f"triton_k_{pf._K_TILES}x4_us"]
+    row["series_us"] = row.get(config_key(pf._K_TILES, 4, 0)) or timed(
+        lambda: pf.dequant_nvfp4_marlin(weight, scales, g, 0, rows, k, out_t)
+    )
     for key in [key for key in row if key.endswith("_us")]:
         row[key.removesuffix("_us") + "_share"] = round(byte_count / row[key] / 1e6 / bw, 3)
     return row
+
+
+def registers(pf, configs: tuple[tuple[int, int, int], ...]) -> list[dict]:
+    """Registers and spill bytes a thread of each program shape takes on sm_90a, from Triton's
+    compiler and its ptxas, without a GPU: the kernel specialised as a launch on 16-byte
+    aligned tensors and sizes specialises it (the bf16, no-column-scale kernel)."""
+    import re
+    import subprocess
+
+    import triton
+    from triton.backends.compiler import GPUTarget
+    from triton.compiler import ASTSource
+
+    kernel = pf._dequant_nvfp4_marlin_kernel
+    types = ["*i32", "*u8", "*bf16", "*bf16", "*bf16"] + ["i32"] * 5 + ["fp32"]
+    sig = dict(zip(kernel.arg_names, [*types, "constexpr", "constexpr"], strict=True))
+    aligned = {(i,): [["tt.divisibility", 16]] for i in (0, 1, 2, 3, 4, 5, 7, 8, 9)}
+    ptxas = Path(triton.__file__).parent / "backends/nvidia/bin/ptxas"
+    out = []
+    for kt, warps, cap in configs:
+        src = ASTSource(kernel, sig, {"HAS_COL": False, "K_TILES": kt}, aligned)
+        opts = {"num_warps": warps, **({"maxnreg": cap} if cap else {})}
+        ptx = triton.compile(src, target=GPUTarget("cuda", 90, 32), options=opts).asm["ptx"]
+        with tempfile.NamedTemporaryFile("w", suffix=".ptx") as f:
+            f.write(ptx)
+            f.flush()
+            cmd = [str(ptxas), "-v", "--gpu-name", "sm_90a", f.name, "-o", "/dev/null"]
+            log = subprocess.run(cmd, capture_output=True, text=True, check=True).stderr
+        regs = int(re.search(r"Used (\d+) registers", log).group(1))
+        spill = int(re.search(r"(\d+) bytes spill stores", log).group(1))
+        out.append({"config": config_key(kt, warps, cap)[9:-3], "registers": regs,
+                    "spill_store_bytes": spill})  # fmt: skip
+    return out
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -143,10 +191,19 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--out", type=Path)
     parser.add_argument("--extra-module", type=Path, action="append", default=[],
                         help="a candidate copy of the module, timed beside")  # fmt: skip
+    parser.add_argument("--configs", type=lambda t: tuple(map(parse_config, t.split(","))),
+                        default=CONFIGS, metavar="KTxW[rR],...",
+                        help="program shapes to time (default: %(default)s)")  # fmt: skip
     parser.add_argument("--profile", metavar="SHAPE", choices=list(bfm.SHAPES),
                         help="that shape only, each kernel launched once (under ncu)")  # fmt: skip
+    parser.add_argument("--registers", action="store_true",
+                        help="registers per program shape at sm_90a (no GPU)")  # fmt: skip
     args = parser.parse_args(argv)
     pf = load_module(args.module)
+    if args.registers:
+        for row in registers(pf, args.configs):
+            print(json.dumps(row))
+        return 0
     kernels = fk.Kernels(fk.build(Path(tempfile.mkdtemp()), torch.cuda.get_device_capability()))
     bw = bfm.copy_bandwidth_tb_s()
     gen = torch.Generator(device="cuda").manual_seed(13)
@@ -155,7 +212,7 @@ def main(argv: list[str] | None = None) -> int:
     shapes = {args.profile: bfm.SHAPES[args.profile]} if args.profile else bfm.SHAPES
     for name, (n, k) in shapes.items():
         row = probe_shape(pf, kernels, name, n, k, gen, bw, tuple(args.extra_module),
-                          profile=bool(args.profile))  # fmt: skip
+                          profile=bool(args.profile), configs=args.configs)  # fmt: skip
         rows_out.append(row)
         if args.profile:
             print(f"[prefill-probe] {name}: launched {', '.join(row['profiled'])}", flush=True)

@@ -64,7 +64,7 @@ GEMV_PATHS = ("gemv", "gemv_ws")
 PREFILL_FROM = 64  # prefill is timed from this M on, gemv up to MAX_GEMV_M
 WARMUP_S = 0.3  # steady_clocks before each group of timings
 OVERLAP_FROM = 256
-FP8_FROM = (8, 9)  # compute capability from which the FP8 column is timed (cuBLASLt e4m3)
+FP8_FROM = bfm.FP8_FROM
 # Prefill scratch budgets timed (MiB): one chunk well inside L2, the default, a wide one.
 PREFILL_SCRATCH_MIB = (24, 64, 160)
 OVERLAP_SCRATCH = 64 << 20  # per buffer (two buffers)
@@ -352,25 +352,7 @@ def timed(fns: Sequence[Callable[[], Any]], replays: int) -> tuple[float, float]
     return bfm.time_graph(bfm.rotation(fns), replays)
 
 
-def bench_fp8(n: int, k: int, ms: Sequence[int], replays: int) -> dict[int, tuple[float, float]]:
-    """FP8 (e4m3) weights through cuBLASLt (``torch._scaled_mm``, per-tensor scales), what an
-    H100/H200 user would run instead: the GEMM alone, its activations already in FP8 (a
-    serving W8A8 layer adds their quantization, one more kernel), weights rotated past L2."""
-    w0 = (torch.randn(n, k, device="cuda") * 0.05).to(torch.float8_e4m3fn)
-    ws = [w0] + [w0.clone() for _ in range(bfm.copies_for(n * k) - 1)]
-    one = torch.ones((), device="cuda")
-    out = {}
-    for m in ms:
-        x = torch.randn(m, k, device="cuda").to(torch.float8_e4m3fn)
-        fns = [
-            lambda w=w, x=x: torch._scaled_mm(x, w.t(), scale_a=one, scale_b=one,
-                                              out_dtype=torch.bfloat16)
-            for w in ws
-        ]  # fmt: skip
-        out[m] = timed(fns, replays)
-    del ws, w0
-    torch.cuda.empty_cache()
-    return out
+bench_fp8 = bfm.bench_fp8  # one FP8 column for the kernel rounds and bench.json
 
 
 def bench_new(kernels: fk.Kernels, base: fk.PreparedTensors, ms: Sequence[int], replays: int,
@@ -704,7 +686,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         log(f"{shape}: checked ({len(bad)} failed)")
         base = {"weight": t.weight, "scale": t.weight_scale, "global_scale": t.weight_global_scale}
         steady_clocks()
-        marlin = bfm.bench_fp4(n, k, base, ms, args.replays)
+        marlin = bfm.bench_fp4(n, k, base, ms, args.replays)[0]  # Marlin at every M
         steady_clocks()
         bf16 = bfm.bench_bf16(n, k, ms, args.replays)
         fp8: dict[int, tuple[float, float]] = {}

@@ -68,6 +68,9 @@ BENCH_MS = (1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024, 4096)
 DISPATCH_PATHS = ("marlin", "dequant+cublas")
 DISPATCH_SLACK = 1.02
 BENCH_DISPATCH_REQUIRED = True
+# bench.json's FP8 column (fp8_us: e4m3 through cuBLASLt) on every dense row; null with the
+# run's fp8_note where the GPU has no FP8 GEMM (below SM89) or it failed.
+BENCH_FP8_REQUIRED = True
 META_FIELDS = ("command", "series_revision", "pin", "device", "torch", "date")
 REVISION_ENV = "FP4SERIES_SERIES_REVISION"  # JSON, set where the repo has no .git (device)
 DEFAULT_REPORT_DIR = Path("reports") / "h200"
@@ -799,6 +802,14 @@ def check_bench(data: Mapping[str, Any], problems: list[str]) -> None:
                 problems.append(f"{where} ({shape} m={row.get('m')}): {field} missing or <= 0")
         if BENCH_DISPATCH_REQUIRED or "dispatch_us" in row:
             _check_dispatch(where, shape, row, problems)
+        if is_dense and (BENCH_FP8_REQUIRED or "fp8_us" in row):
+            fp8 = row.get("fp8_us", "absent")
+            if fp8 == "absent":
+                problems.append(f"{where} ({shape}): missing fp8_us (null + fp8_note if not run)")
+            elif fp8 is None and not data.get("fp8_note"):
+                problems.append(f"{where} ({shape}): fp8_us is null without the run's fp8_note")
+            elif fp8 is not None and not (_is_num(fp8) and fp8 > 0):
+                problems.append(f"{where} ({shape}): fp8_us must be a positive number or null")
         up = row.get("upstream_fp4_us", "absent")
         if up == "absent":
             problems.append(f"{where} ({shape}): missing upstream_fp4_us (null + note if not run)")
