@@ -17,6 +17,9 @@ Method (what bench.md states):
   (``torch._scaled_mm``, per-tensor scales, bf16 out), what an H100/H200 user serves instead:
   the GEMM alone, activations already in FP8 (a W8A8 layer also quantizes its input, one more
   kernel), weights rotated as the other columns. Dense rows only.
+* Epilogue (``epilogue_us``): the linear as served on a fused layer whose shards keep their own
+  global scales (a float32 per-column output scale, ratios 1 / 0.5 / 2^-9) and with a bias;
+  ``epilogue_unfused_us``: the same with the PyTorch ops patch 14 replaced by one kernel.
 * INT4: the pin's ``gptq_marlin_gemm`` with ``uint4b8``, group size 128 (GPTQ as run today).
 * Upstream 0.5.23: its own ``gptq_marlin_gemm`` wrapper and JIT module (``sglang.kernels``),
   run in a subprocess with the 0.5.23 tree on PYTHONPATH, on the same Marlin-layout tensors
@@ -189,6 +192,80 @@ def path_forced(dequant: bool) -> Iterator[None]:
         marlin_utils_fp4.use_dequant_gemm = chooser
 
 
+def rotated_copies(base: dict[str, torch.Tensor]) -> list[dict[str, torch.Tensor]]:
+    """BASE and enough clones of it that one rotation streams its weights from HBM."""
+    per_copy = base["weight"].numel() * base["weight"].element_size() + base["scale"].numel()
+    return [base] + [
+        {k2: v.clone() for k2, v in base.items()} for _ in range(copies_for(per_copy) - 1)
+    ]
+
+
+def has_fused_epilogue() -> bool:
+    """Whether the series under test runs Marlin's epilogue as one kernel (patch 14)."""
+    from sglang.srt.layers.quantization import marlin_utils_fp4
+
+    return hasattr(marlin_utils_fp4, "marlin_fp4_epilogue")
+
+
+@contextlib.contextmanager
+def epilogue_unfused() -> Iterator[None]:
+    """The series' linear with the PyTorch ops patch 14 replaced after Marlin (padding copy,
+    float32 upcast, column-scale multiply, bias add, downcast): epilogue_unfused_us."""
+    from sglang.srt.layers.quantization import marlin_utils_fp4
+
+    fused = marlin_utils_fp4.marlin_fp4_epilogue
+
+    def unfused(output, size_n, output_scale=None, bias=None):  # noqa: ANN001, ANN202
+        if output.shape[1] != size_n:
+            output = output[:, :size_n].contiguous()
+        if output_scale is None:
+            return output if bias is None else output.add_(bias)
+        scaled = output.float() * output_scale
+        if bias is not None:
+            scaled += bias
+        return scaled.to(output.dtype)
+
+    marlin_utils_fp4.marlin_fp4_epilogue = unfused
+    try:
+        yield
+    finally:
+        marlin_utils_fp4.marlin_fp4_epilogue = fused
+
+
+def bench_epilogue(n: int, k: int, base: dict[str, torch.Tensor], ms: Sequence[int],
+                   replays: int) -> tuple[dict, dict]:  # fmt: skip
+    """The linear as served with a fused layer's per-column output scale (three shards with
+    their own global scales: ratios 1, 0.5, 2^-9) and a bias: epilogue_us; where the series
+    fuses them (patch 14), the same with the PyTorch ops instead: epilogue_unfused_us."""
+    from sglang.srt.layers.quantization.marlin_utils import marlin_make_workspace
+    from sglang.srt.layers.quantization.marlin_utils_fp4 import apply_fp4_marlin_linear
+
+    gen = torch.Generator(device="cuda").manual_seed(n + k)
+    shard = torch.tensor([1.0, 0.5, 2.0**-9], device="cuda")
+    spread = 1 + torch.rand(n, device="cuda", generator=gen)
+    col = shard[torch.arange(n, device="cuda") * 3 // n] * spread
+    bias = (torch.randn(n, device="cuda", generator=gen) * 0.1).to(DTYPE)
+    copies = rotated_copies(base)
+    ws = marlin_make_workspace(torch.device("cuda"))
+    fused, unfused = {}, {}
+    for m in ms:
+        x = torch.randn(m, k, device="cuda", dtype=DTYPE)
+        fns = [
+            (
+                lambda c=c, x=x: apply_fp4_marlin_linear(
+                    x, c["weight"], c["scale"], c["global_scale"], ws, n, k, bias,
+                    output_scale=col,
+                )
+            )
+            for c in copies
+        ]  # fmt: skip
+        fused[m] = time_graph(rotation(fns), replays)
+        if has_fused_epilogue():
+            with epilogue_unfused():
+                unfused[m] = time_graph(rotation(fns), replays)
+    return fused, unfused
+
+
 def bench_fp4(n: int, k: int, base: dict[str, torch.Tensor], ms: Sequence[int], replays: int):
     """apply_fp4_marlin_linear per M, in microseconds (median, best): Marlin's time, the
     dispatch's (timed only where it takes another path), and from DEQUANT_FROM on the dequant +
@@ -197,10 +274,7 @@ def bench_fp4(n: int, k: int, base: dict[str, torch.Tensor], ms: Sequence[int], 
     from sglang.srt.layers.quantization.marlin_utils_fp4 import apply_fp4_marlin_linear
     from test_marlin_numerics import dense_gemm
 
-    per_copy = base["weight"].numel() * base["weight"].element_size() + base["scale"].numel()
-    copies = [base] + [
-        {k2: v.clone() for k2, v in base.items()} for _ in range(copies_for(per_copy) - 1)
-    ]
+    copies = rotated_copies(base)
     ws = marlin_make_workspace(torch.device("cuda"))
     marlin, dispatch, dequant = {}, {}, {}
     for m in ms:
@@ -590,6 +664,18 @@ def goal_rows(rows: Sequence[Mapping[str, Any]]) -> list[dict[str, Any]]:
         goals.append({"goal": "never slower than Marlin (where the dispatch leaves it)",
                       "measured": f"dispatch time / Marlin time at most {worst:.2f}",
                       "met": worst <= DISPATCH_SLACK})  # fmt: skip
+    if epi := [r for r in dense if r.get("epilogue_us")]:
+        worst = {r["shape"]: 0.0 for r in epi}
+        for r in epi:
+            worst[r["shape"]] = max(worst[r["shape"]], r["epilogue_us"] / r["dispatch_us"])
+        unfused = [r["epilogue_unfused_us"] / r["dispatch_us"] for r in epi
+                   if r.get("epilogue_unfused_us")]  # fmt: skip
+        goals.append({"goal": "epilogue: a layer with the fused shards' column scale and a "
+                              "bias at the speed of one without (within 2 %)",
+                      "measured": f"time over the plain layer's, worst M per shape "
+                                  f"{_span(list(worst.values()))}"
+                                  + (f"; with the unfused ops {_span(unfused)}" if unfused else ""),
+                      "met": max(worst.values()) <= DISPATCH_SLACK})  # fmt: skip
     for ms in ({1}, {8}, {1024}):
         if fp8 := [r["fp8_us"] / r["dispatch_us"] for r in at(ms) if r.get("fp8_us")]:
             goals.append({"goal": f"FP8 beside (kernel level, M = {min(ms)}; information: the "
@@ -614,7 +700,8 @@ def write_markdown(data: dict[str, Any], path: Path) -> None:
         "(bf16/FP4, INT4/FP4, upstream/FP4); roofline/FP4 is the fraction of the HBM roofline "
         "reached. FP4 = FP4 Marlin; dispatch = the series' linear as served (its path); "
         "dequant = its dequant + cuBLAS path forced (from M = 128, where the series has it); "
-        "FP8 = e4m3 through cuBLASLt, the GEMM alone; "
+        "FP8 = e4m3 through cuBLASLt, the GEMM alone; epilogue = the served linear with a fused "
+        "layer's column scale and a bias (unfused: with the PyTorch ops patch 14 replaced); "
         "FP4/disp, bf16/disp and FP8/disp: > 1 where the dispatch is faster.",
         "",
     ]
@@ -626,10 +713,10 @@ def write_markdown(data: dict[str, Any], path: Path) -> None:
             lines.append(f"| {g['goal']} | {g['measured']} | {met} |")
         lines += ["", "## Every row", ""]
     lines += [
-        "| shape | N | K | M | FP4 us | dispatch us | path | dequant us | bf16 us | FP8 us "
-        "| INT4 us | upstream 0.5.23 us | roofline us | bf16/FP4 | INT4/FP4 | up/FP4 | roof/FP4 "
-        "| FP4/disp | bf16/disp | FP8/disp |",
-        "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|",
+        "| shape | N | K | M | FP4 us | dispatch us | path | dequant us | epilogue us "
+        "| unfused us | bf16 us | FP8 us | INT4 us | upstream 0.5.23 us | roofline us | bf16/FP4 "
+        "| INT4/FP4 | up/FP4 | roof/FP4 | FP4/disp | bf16/disp | FP8/disp |",
+        "|" + "---|" * 22,
     ]
     for r in data["rows"]:
 
@@ -639,7 +726,8 @@ def write_markdown(data: dict[str, Any], path: Path) -> None:
         lines.append(
             f"| {r['shape']} | {r['n']} | {r['k']} | {r['m']} | {f(r['fp4_us'])} | "
             f"{f(r.get('dispatch_us'))} | {r.get('dispatch_path', '-')} | "
-            f"{f(r.get('dequant_us'))} | {f(r.get('bf16_us'))} | {f(r.get('fp8_us'))} | "
+            f"{f(r.get('dequant_us'))} | {f(r.get('epilogue_us'))} | "
+            f"{f(r.get('epilogue_unfused_us'))} | {f(r.get('bf16_us'))} | {f(r.get('fp8_us'))} | "
             f"{f(r.get('int4_us'))} | {f(r.get('upstream_fp4_us'))} | "
             f"{f(r['roofline_us'])} | {_ratio(r.get('bf16_us'), r['fp4_us'])} | "
             f"{_ratio(r.get('int4_us'), r['fp4_us'])} | "
@@ -706,6 +794,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         fp4, dispatch, dequant = bench_fp4(n, k, base, ms, args.replays)
         bf16 = bench_bf16(n, k, ms, args.replays)
         int4 = bench_int4(n, k, ms, args.replays)
+        epilogue, unfused = bench_epilogue(n, k, base, ms, args.replays)
         fp8: dict[int, tuple[float, float]] = {}
         if not fp8_note:
             try:
@@ -724,6 +813,8 @@ def main(argv: Sequence[str] | None = None) -> int:
                 "dequant_us": dequant[m][0] if m in dequant else None,
                 "fp8_us": fp8[m][0] if m in fp8 else None,
                 "fp8_best_us": fp8[m][1] if m in fp8 else None,
+                "epilogue_us": epilogue[m][0],
+                "epilogue_unfused_us": unfused[m][0] if m in unfused else None,
             })  # fmt: skip
         print(f"[bench] {shape}: done at {time.time() - t0:.0f} s", flush=True)
         torch.cuda.empty_cache()

@@ -21,7 +21,7 @@ PANELS = (  # (numerator, denominator, title)
     ("upstream_fp4_us", "fp4_us", "upstream 0.5.23 FP4 time / patched FP4 time"),
     ("roofline_us", "fp4_us", "HBM roofline / FP4 Marlin time (fraction reached)"),
     ("fp8_us", "dispatch_us", "FP8 cuBLASLt time / the series' dispatch time"),
-    ("roofline_us", "dispatch_us", "HBM roofline / the series' dispatch time"),
+    ("epilogue_us", "dispatch_us", "a layer with column scale + bias / the plain layer (served)"),
 )
 
 

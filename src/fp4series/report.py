@@ -485,6 +485,9 @@ def check_numerics(data: Mapping[str, Any], problems: list[str], line: str | Non
     for record in data.get("prefill_dequant") or ():  # patch 13's kernel, bit for bit
         if not (isinstance(record, Mapping) and record.get("bit_equal") is True):
             problems.append(f"{name}: prefill dequant not bit-equal to the checkpoint: {record}")
+    for record in data.get("marlin_epilogue") or ():  # patch 14's kernel, bit for bit
+        if not (isinstance(record, Mapping) and record.get("bit_equal") is True):
+            problems.append(f"{name}: Marlin epilogue not bit-equal to the float32 ops: {record}")
     if any(c.get("gemm") == "dequant+cublas" for c in patched):  # patch 13's path ran: its proof
         if not data.get("prefill_dequant"):
             problems.append(f"{name}: dense cases ran the dequant path, but no prefill_dequant")

@@ -647,6 +647,36 @@ def test_prefill_dequant_is_the_checkpoint_rounded_once(dtype: str, gpu_report: 
 
 
 @pytest.mark.gpu
+@pytest.mark.parametrize("dtype", list(DTYPES))
+def test_marlin_epilogue_is_the_float32_ops(dtype: str, gpu_report: Any) -> None:
+    """nvfp4_marlin_epilogue's one kernel against the PyTorch ops it replaced (float32 multiply
+    by the fused shards' column scale, then the bias, rounded once), bit for bit: padded and
+    not, with and without each vector, M 1 to 4096, non-uniform scales, NaN in the padding."""
+    epilogue = pytest.importorskip("sglang.srt.layers.quantization.nvfp4_marlin_epilogue")
+    act = DTYPES[dtype]
+    gen = torch.Generator(device=DEV).manual_seed(14)
+    n = 1000
+    scale = torch.rand(n, generator=gen, device=DEV) * torch.tensor(
+        [1.0, 0.5, 2.0**-9], device=DEV
+    ).repeat_interleave(torch.tensor([512, 256, 232], device=DEV))
+    bias = (torch.randn(n, generator=gen, device=DEV) * 30).to(act)
+    for m in (1, 33, 4096):
+        for padded_n in (1000, 1024):
+            for s, b in ((scale, bias), (scale, None), (None, bias)):
+                out = torch.full((m, padded_n), float("nan"), device=DEV, dtype=act)
+                out[:, :n] = (torch.randn(m, n, generator=gen, device=DEV) * 30).to(act)
+                ref = out[:, :n].float()
+                ref = ref * s if s is not None else ref
+                ref = (ref + b.float() if b is not None else ref).to(act)
+                got = epilogue.marlin_fp4_epilogue(out.clone(), n, s, b)
+                record = {"dtype": dtype, "m": m, "n": n, "padded_n": padded_n,
+                          "scale": s is not None, "bias": b is not None,
+                          "bit_equal": bool(torch.equal(got, ref))}  # fmt: skip
+                gpu_report.extra.setdefault("marlin_epilogue", []).append(record)
+                assert record["bit_equal"], record
+
+
+@pytest.mark.gpu
 @pytest.mark.parametrize(("path", "dtype", "e", "topk"), MOE_PARAMS)
 def test_moe(path: str, dtype: str, e: int, topk: int, gpu_report: Any) -> None:
     cases = run_moe(path, DTYPES[dtype], e, topk, MOE_MS)

@@ -117,7 +117,8 @@ def _bench() -> dict[str, Any]:
         rows.append(
             {"shape": "qkv_8b", "kind": "dense", "m": m, "n": 6144, "k": 4096, "fp4_us": roof * 3,
              "bf16_us": 15.0, "int4_us": roof * 2.5, "roofline_us": roof, "upstream_fp4_us": 14.0,
-             "dispatch_us": roof * 3, "dispatch_path": "marlin", "dequant_us": None}
+             "dispatch_us": roof * 3, "dispatch_path": "marlin", "dequant_us": None,
+             "fp8_us": roof * 2}
         )  # fmt: skip
     return {**META, "copy_bandwidth_tb_s": 4.25, "rows": rows}
 
@@ -250,6 +251,18 @@ def test_further_tracing_checks_and_prefill_dequant_must_pass(tmp_path: Path) ->
         "numerics.json: tracing check 'cuda_graph_m1024' did not pass",
         "numerics.json: prefill dequant not bit-equal to the checkpoint: "
         "{'dtype': 'float16', 'bit_equal': False}",
+    ]
+
+
+def test_marlin_epilogue_records_must_be_bit_equal(tmp_path: Path) -> None:
+    numerics = _numerics()
+    numerics["marlin_epilogue"] = [{"dtype": "bfloat16", "m": 1, "bit_equal": True}]
+    assert report.check_report_dir(_write(tmp_path, numerics=numerics)) == []
+    numerics["marlin_epilogue"].append({"dtype": "float16", "m": 33, "bit_equal": False})
+    problems = report.check_report_dir(_write(tmp_path, numerics=numerics))
+    assert problems == [
+        "numerics.json: Marlin epilogue not bit-equal to the float32 ops: "
+        "{'dtype': 'float16', 'm': 33, 'bit_equal': False}"
     ]
 
 
