@@ -62,7 +62,6 @@ LOADER_OF = {"gemv_ring": fk.Kernels.RING, "gemv_ws": fk.Kernels.COPY_WS}
 # ring is what SM80-89 run, timed beside on SM90 but not a path there
 GEMV_PATHS = ("gemv", "gemv_ws")
 PREFILL_FROM = 64  # prefill is timed from this M on, gemv up to MAX_GEMV_M
-WARMUP_S = 0.3  # steady_clocks before each group of timings
 OVERLAP_FROM = 256
 FP8_FROM = bfm.FP8_FROM
 # Prefill scratch budgets timed (MiB): one chunk well inside L2, the default, a wide one.
@@ -332,20 +331,7 @@ def prefill_variants(lin: fk.Fp4Linear) -> dict[str, int]:
     return out
 
 
-def steady_clocks(seconds: float = WARMUP_S) -> None:
-    """Stream copies for a while before a group of timings, so that each group starts from
-    the clocks of a memory-bound load, whatever ran before it. In round 3 the group timed
-    first after the bf16 GEMMs at M = 1024 (the gemv at M = 1) read 19 % (down_70b) and 29 %
-    (gate_up_70b) slower than the same kernel with its epilogue timed two groups later; a
-    clock state the GEMMs leave is the suspicion, and bench_new times that group again last."""
-    src = torch.empty(2**27, dtype=torch.float16, device="cuda")
-    dst = torch.empty_like(src)
-    end = time.monotonic() + seconds
-    while time.monotonic() < end:
-        for _ in range(10):
-            dst.copy_(src)
-        torch.cuda.synchronize()
-    del src, dst
+steady_clocks = bfm.steady_clocks  # one warm-up for the kernel rounds and bench.json
 
 
 def timed(fns: Sequence[Callable[[], Any]], replays: int) -> tuple[float, float]:

@@ -168,3 +168,19 @@ def test_upstream_worker_finds_the_modules_built_for_it(tmp_path: Path) -> None:
     env = bench.upstream_worker_env("/up/python", patched, environ)
     own = str(tmp_path / "cache" / "patched") + "-0523"  # a directory of its own
     assert env["TVM_FFI_CACHE_DIR"] == env["SGLANG_JIT_CACHE_DIR"] == own
+
+
+def test_render_recomputes_goals_and_keeps_the_measurements(tmp_path: Path) -> None:
+    pytest.importorskip("torch")
+    import json
+
+    import bench_fp4_marlin as bench
+
+    data = _synthetic()
+    data["goals"] = [{"goal": "stale", "measured": "-", "met": None}]
+    (tmp_path / "bench.json").write_text(json.dumps(data))
+    assert bench.main(["--render", str(tmp_path / "bench.json")]) == 0
+    got = json.loads((tmp_path / "bench.json").read_text())
+    assert got["rows"] == data["rows"] and got["command"] == data["command"]
+    assert got["goals"] == bench.goal_rows(data["rows"]) and "stale" not in str(got["goals"])
+    assert "## Every row" in (tmp_path / "bench.md").read_text()
