@@ -15,6 +15,7 @@ from test_nvfp4_marlin_epilogue import (  # noqa: F401 (fixtures and tests, coll
     test_in_place_without_padding_and_nothing_to_do,
     test_kernel_is_the_float32_ops,
     test_off_cuda_the_float32_ops_run,
+    test_the_kernel_runs_from_sm80,
     test_wrong_vectors_are_named,
 )
 

@@ -15,6 +15,7 @@ Against the series before patch 14 every test fails: there is no ``nvfp4_marlin_
 from __future__ import annotations
 
 import importlib
+import types
 
 import pytest
 import torch
@@ -110,6 +111,18 @@ def test_off_cuda_the_float32_ops_run(monkeypatch):
     got = module.marlin_fp4_epilogue(out.clone(), 1000, scale, bias)
     ref = (out[:, :1000].float() * scale + bias.float()).to(BF16)
     assert torch.equal(got, ref)
+
+
+@pytest.mark.parametrize(
+    ("capability", "kernel"), [((7, 5), False), ((8, 0), True), ((9, 0), True)]
+)
+def test_the_kernel_runs_from_sm80(monkeypatch, capability, kernel):
+    """Triton's NVIDIA GPUs start at SM80: the Turing path (SM75, fp16) keeps the PyTorch ops."""
+    module = importlib.import_module(EPILOGUE)
+    monkeypatch.setattr(torch.cuda, "get_device_capability", lambda device=None: capability)
+    on_gpu = types.SimpleNamespace(device=torch.device("cuda", 0))
+    assert module._runs_kernel(on_gpu) is kernel
+    assert module._runs_kernel(torch.zeros(1)) is False  # a CPU tensor: the PyTorch ops
 
 
 @pytest.mark.parametrize(
