@@ -35,9 +35,9 @@ import fp4_kernels as fk  # noqa: E402
 
 MODULE = REPO / ".work/checkout/python/sglang/srt/layers/quantization/nvfp4_marlin_prefill.py"
 # Program shapes timed: (k-tiles per program, warps, register cap or 0 for Triton's own).
-# Registers a thread at sm_90a (``--registers``, no GPU needed): 8x4 48, 16x4 74 (64 with 12
-# bytes spilled), 16x8 48, 32x8 91, 8x2 80, 32x16 54; a cap below that spills (16x4 at 40:
-# 304 bytes).
+# Registers a thread at sm_90a (``--registers``, no GPU needed; run 6's shapes in
+# reports/h200/kernels/prefill-probe/registers-run-6.jsonl): 8x4 48, 16x4 74 (64 with 12 bytes
+# spilled), 16x8 48, 32x8 91, 8x2 80, 32x16 54; a cap below that spills (16x4 at 40: 304 bytes).
 CONFIGS = ((4, 4, 0), (8, 4, 0), (8, 8, 0), (16, 4, 0), (16, 8, 0))
 
 
@@ -48,8 +48,12 @@ def parse_config(text: str) -> tuple[int, int, int]:
     return int(kt), int(warps), int(cap or 0)
 
 
+def config_name(kt: int, warps: int, cap: int) -> str:
+    return f"{kt}x{warps}" + (f"r{cap}" if cap else "")
+
+
 def config_key(kt: int, warps: int, cap: int) -> str:
-    return f"triton_k_{kt}x{warps}" + (f"r{cap}" if cap else "") + "_us"
+    return f"triton_k_{config_name(kt, warps, cap)}_us"
 
 
 def load_module(path: Path):
@@ -154,8 +158,8 @@ def probe_shape(pf, kernels: fk.Kernels, name: str, n: int, k: int, gen: torch.G
 
 def registers(pf, configs: tuple[tuple[int, int, int], ...]) -> list[dict]:
     """Registers and spill bytes a thread of each program shape takes on sm_90a, from Triton's
-    compiler and its ptxas, without a GPU: the kernel specialised as a launch on 16-byte
-    aligned tensors and sizes specialises it (the bf16, no-column-scale kernel)."""
+    compiler and its ptxas, without a GPU. The bf16 kernel without a column scale, compiled
+    for 16-byte aligned pointers and sizes, as Triton compiles it for such a launch."""
     import re
     import subprocess
 
@@ -180,7 +184,7 @@ def registers(pf, configs: tuple[tuple[int, int, int], ...]) -> list[dict]:
             log = subprocess.run(cmd, capture_output=True, text=True, check=True).stderr
         regs = int(re.search(r"Used (\d+) registers", log).group(1))
         spill = int(re.search(r"(\d+) bytes spill stores", log).group(1))
-        out.append({"config": config_key(kt, warps, cap)[9:-3], "registers": regs,
+        out.append({"config": config_name(kt, warps, cap), "registers": regs,
                     "spill_store_bytes": spill})  # fmt: skip
     return out
 

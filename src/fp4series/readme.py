@@ -152,15 +152,16 @@ def bench_table(root: Path) -> str:
          "dense"),
         ("with column scale + bias / without (dense, as served)", "epilogue_us", "dispatch_us",
          "dense"),
-        ("the same, the PyTorch ops patch 14 replaced", "epilogue_unfused_us", "dispatch_us",
-         "dense"),
+        ("the same, the PyTorch ops patch 14 replaced (Marlin's rows)", "epilogue_unfused_us",
+         "dispatch_us", "marlin"),
         ("bf16 time / FP4 time (MoE, E=64 top-8)", "bf16_us", "fp4_us", "moe"),
         ("INT4 time / FP4 time (MoE)", "int4_us", "fp4_us", "moe"),
         ("HBM roofline / FP4 time (MoE, touched experts)", "roofline_us", "fp4_us", "moe"),
     ):  # fmt: skip
         cells = []
         for _, ms in M_RANGES:
-            chosen = [r for r in rows if r["kind"] == kind and r["m"] in ms]
+            chosen = [r for r in rows if r["m"] in ms and (r["kind"] == kind or (
+                kind == "marlin" and r.get("dispatch_path") == "marlin"))]  # fmt: skip
             ratios = [r[field] / r[over] for r in chosen if r.get(field) and r.get(over)]
             lo, hi = (f"{min(ratios):.2f}", f"{max(ratios):.2f}") if ratios else ("-", "-")
             cells.append(lo if lo == hi else f"{lo}-{hi}")

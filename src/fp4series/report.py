@@ -485,7 +485,9 @@ def check_numerics(data: Mapping[str, Any], problems: list[str], line: str | Non
     for record in data.get("prefill_dequant") or ():  # patch 13's kernel, bit for bit
         if not (isinstance(record, Mapping) and record.get("bit_equal") is True):
             problems.append(f"{name}: prefill dequant not bit-equal to the checkpoint: {record}")
-    for record in data.get("marlin_epilogue") or ():  # patch 14's kernel, bit for bit
+    if not data.get("marlin_epilogue"):  # patch 14's kernel, bit for bit
+        problems.append(f"{name}: no marlin_epilogue records (the kernel after Marlin)")
+    for record in data.get("marlin_epilogue") or ():
         if not (isinstance(record, Mapping) and record.get("bit_equal") is True):
             problems.append(f"{name}: Marlin epilogue not bit-equal to the float32 ops: {record}")
     if any(c.get("gemm") == "dequant+cublas" for c in patched):  # patch 13's path ran: its proof
@@ -813,6 +815,10 @@ def check_bench(data: Mapping[str, Any], problems: list[str]) -> None:
                 problems.append(f"{where} ({shape}): fp8_us is null without the run's fp8_note")
             elif fp8 is not None and not (_is_num(fp8) and fp8 > 0):
                 problems.append(f"{where} ({shape}): fp8_us must be a positive number or null")
+        for field in ("epilogue_us", "epilogue_unfused_us"):  # where the run timed them
+            value = row.get(field)
+            if value is not None and not (_is_num(value) and value > 0):
+                problems.append(f"{where} ({shape}): {field} must be a positive number or null")
         up = row.get("upstream_fp4_us", "absent")
         if up == "absent":
             problems.append(f"{where} ({shape}): missing upstream_fp4_us (null + note if not run)")

@@ -652,7 +652,8 @@ def test_marlin_epilogue_is_the_float32_ops(dtype: str, gpu_report: Any) -> None
     """nvfp4_marlin_epilogue's one kernel against the PyTorch ops it replaced (float32 multiply
     by the fused shards' column scale, then the bias, rounded once), bit for bit: padded and
     not, with and without each vector, M 1 to 4096, non-uniform scales, NaN in the padding."""
-    epilogue = pytest.importorskip("sglang.srt.layers.quantization.nvfp4_marlin_epilogue")
+    from sglang.srt.layers.quantization import nvfp4_marlin_epilogue as epilogue
+
     act = DTYPES[dtype]
     gen = torch.Generator(device=DEV).manual_seed(14)
     n = 1000

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 from test_nvfp4_marlin_epilogue import (  # noqa: F401 (fixtures and tests, collected here)
     ep,
+    test_a_strided_output_is_not_written_in_place,
     test_apply_runs_one_epilogue_after_marlin,
     test_in_place_without_padding_and_nothing_to_do,
     test_kernel_is_the_float32_ops,
@@ -22,8 +23,8 @@ from test_nvfp4_marlin_epilogue import (  # noqa: F401 (fixtures and tests, coll
 
 def test_apply_slices_the_padded_vectors(ep, monkeypatch):  # noqa: F811 (the fixture)
     """0.5.23 pads a padded shard's bias and column scale to the Marlin tile when it prepares
-    the layer: the linear hands the kernel their first size_n entries (the tail here is NaN,
-    which would show in the output if it were read)."""
+    the layer: the linear hands the kernel their first size_n entries (unsliced, the kernel's
+    wrapper refuses their length; the tail here is NaN)."""
     import importlib
 
     import torch

@@ -83,6 +83,7 @@ def test_markdown_table_and_schema(tmp_path: Path) -> None:
         ({"dequant_us": -1.0}, "dequant_us must be a positive number or null"),
         ({"fp8_us": None}, "fp8_us is null without the run's fp8_note"),
         ({"fp8_us": 0.0}, "fp8_us must be a positive number or null"),
+        ({"epilogue_us": -2.0}, "epilogue_us must be a positive number or null"),
     ],
 )
 def test_bench_dispatch_fields_are_checked(change: dict[str, Any], message: str) -> None:

@@ -54,6 +54,7 @@ def _numerics() -> dict[str, Any]:
             {"name": "torch_compile", "passed": True},
         ],
         "turing_ptx": {"status": "ran"},
+        "marlin_epilogue": [{"dtype": "bfloat16", "m": 1, "bit_equal": True}],
         "fused_shards": _fused_shards(),
         "tensor_parallel": _tensor_parallel(),
     }
@@ -254,9 +255,8 @@ def test_further_tracing_checks_and_prefill_dequant_must_pass(tmp_path: Path) ->
     ]
 
 
-def test_marlin_epilogue_records_must_be_bit_equal(tmp_path: Path) -> None:
+def test_marlin_epilogue_records_must_be_there_and_bit_equal(tmp_path: Path) -> None:
     numerics = _numerics()
-    numerics["marlin_epilogue"] = [{"dtype": "bfloat16", "m": 1, "bit_equal": True}]
     assert report.check_report_dir(_write(tmp_path, numerics=numerics)) == []
     numerics["marlin_epilogue"].append({"dtype": "float16", "m": 33, "bit_equal": False})
     problems = report.check_report_dir(_write(tmp_path, numerics=numerics))
@@ -264,6 +264,9 @@ def test_marlin_epilogue_records_must_be_bit_equal(tmp_path: Path) -> None:
         "numerics.json: Marlin epilogue not bit-equal to the float32 ops: "
         "{'dtype': 'float16', 'm': 33, 'bit_equal': False}"
     ]
+    del numerics["marlin_epilogue"]
+    problems = report.check_report_dir(_write(tmp_path, numerics=numerics))
+    assert problems == ["numerics.json: no marlin_epilogue records (the kernel after Marlin)"]
 
 
 def test_the_dequant_path_needs_its_own_proof(tmp_path: Path) -> None:
