@@ -262,6 +262,7 @@ def bench_epilogue(n: int, k: int, base: dict[str, torch.Tensor], ms: Sequence[i
     copies = rotated_copies(base)
     ws = marlin_make_workspace(torch.device("cuda"))
     fused, unfused = {}, {}
+    patch_14 = has_fused_epilogue()
     for m in ms:
         x = torch.randn(m, k, device="cuda", dtype=DTYPE)
         fns = [
@@ -274,7 +275,7 @@ def bench_epilogue(n: int, k: int, base: dict[str, torch.Tensor], ms: Sequence[i
             for c in copies
         ]  # fmt: skip
         fused[m] = time_graph(rotation(fns), replays)
-        if has_fused_epilogue() and dense_gemm(m, DTYPE) == "marlin":  # where patch 14 acts
+        if patch_14 and dense_gemm(m, DTYPE) == "marlin":  # where patch 14 acts
             with epilogue_unfused():
                 unfused[m] = time_graph(rotation(fns), replays)
     return fused, unfused
@@ -627,9 +628,10 @@ def _ratio(a: float | None, b: float | None) -> str:
     return f"{a / b:.2f}" if a and b else "-"
 
 
-def _span(values: Sequence[float], fmt: str = ".2f") -> str:
-    lo, hi = min(values), max(values)
-    return f"{lo:{fmt}}" if f"{lo:{fmt}}" == f"{hi:{fmt}}" else f"{lo:{fmt}}-{hi:{fmt}}"
+def geomean(values: Sequence[float | None]) -> float | None:
+    """Geometric mean of the positive values (None when there are none)."""
+    vals = [v for v in values if v and v > 0]
+    return math.exp(statistics.fmean(math.log(v) for v in vals)) if vals else None
 
 
 def goal_rows(rows: Sequence[Mapping[str, Any]]) -> list[dict[str, Any]]:
@@ -637,15 +639,13 @@ def goal_rows(rows: Sequence[Mapping[str, Any]]) -> list[dict[str, Any]]:
     linear as served (dispatch_us) against FP4 Marlin, bf16 cuBLAS and the HBM roofline. Each
     goal: its words, what was measured, met (True/False); FP8 beside, for information (its
     goals are end to end). Goals whose rows are missing are left out."""
+    from fp4series.readme import span
     from fp4series.report import DISPATCH_PATHS, DISPATCH_SLACK
 
     dense = [r for r in rows if r.get("kind", "dense") == "dense" and r.get("dispatch_us")]
 
     def at(ms: set[int]) -> list[Mapping[str, Any]]:
         return [r for r in dense if r["m"] in ms]
-
-    def geomean(values: list[float]) -> float:
-        return math.exp(sum(map(math.log, values)) / len(values))
 
     goals: list[dict[str, Any]] = []
     for ms, target in (({1, 2, 4}, 1.5), ({8, 16}, 1.25)):
@@ -663,13 +663,13 @@ def goal_rows(rows: Sequence[Mapping[str, Any]]) -> list[dict[str, Any]]:
     if mid := [r for r in at({32, 64}) if r.get("bf16_us")]:
         ratios = [r["bf16_us"] / r["dispatch_us"] for r in mid]
         goals.append({"goal": "M 32-64: never slower than bf16 cuBLAS",
-                      "measured": f"bf16 time / dispatch time {_span(ratios)}",
+                      "measured": f"bf16 time / dispatch time {span(ratios)}",
                       "met": min(ratios) >= 1.0})  # fmt: skip
     if big_m := [r for r in dense if r["m"] >= 1024 and r.get("bf16_us")]:
         speed = {(r["shape"], r["m"]): r["bf16_us"] / r["dispatch_us"] for r in big_m}
         below = sorted({f"{s} (M {m}: {v:.2f}x)" for (s, m), v in speed.items() if v < 0.8})
         goals.append({"goal": "M >= 1024: >= 0.8x bf16 cuBLAS's speed on every shape",
-                      "measured": f"{_span(list(speed.values()))}x"
+                      "measured": f"{span(list(speed.values()))}x"
                                   + (f"; below: {', '.join(below)}" if below else ""),
                       "met": not below})  # fmt: skip
     if served := [r for r in dense if r.get("dispatch_path", "marlin") != "marlin"]:
@@ -690,8 +690,8 @@ def goal_rows(rows: Sequence[Mapping[str, Any]]) -> list[dict[str, Any]]:
                     unfused[r["shape"]] = max(unfused.get(r["shape"], 0.0), ratio)
             if worst:
                 worst_all = max(worst_all, *worst.values())
-                parts.append(f"{path} rows {_span(list(worst.values()))}" + (
-                    f" (the ops patch 14 replaced: {_span(list(unfused.values()))})"
+                parts.append(f"{path} rows {span(list(worst.values()))}" + (
+                    f" (the ops patch 14 replaced: {span(list(unfused.values()))})"
                     if unfused else ""))  # fmt: skip
         goals.append({"goal": "epilogue: a layer with the fused shards' column scale and a "
                               "bias at the speed of one without (within 2 %)",
@@ -702,7 +702,7 @@ def goal_rows(rows: Sequence[Mapping[str, Any]]) -> list[dict[str, Any]]:
         if fp8 := [r["fp8_us"] / r["dispatch_us"] for r in at(ms) if r.get("fp8_us")]:
             goals.append({"goal": f"FP8 beside (kernel level, M = {min(ms)}; information: the "
                                   "FP8 goals are end to end)",
-                          "measured": f"FP8 time / dispatch time {_span(fp8)}",
+                          "measured": f"FP8 time / dispatch time {span(fp8)}",
                           "met": None})  # fmt: skip
     return goals
 

@@ -26,10 +26,8 @@ from __future__ import annotations
 
 import argparse
 import json
-import math
 import os
 import shlex
-import statistics
 import subprocess
 import sys
 import time
@@ -339,6 +337,7 @@ def timed(fns: Sequence[Callable[[], Any]], replays: int) -> tuple[float, float]
 
 
 bench_fp8 = bfm.bench_fp8  # one FP8 column for the kernel rounds and bench.json
+geomean = bfm.geomean  # one geometric mean for the kernel rounds' goals and bench.md's
 
 
 def bench_new(kernels: fk.Kernels, base: fk.PreparedTensors, ms: Sequence[int], replays: int,
@@ -405,11 +404,6 @@ def bench_new(kernels: fk.Kernels, base: fk.PreparedTensors, ms: Sequence[int], 
 
 
 # ----------------------------------------------------------------------------- goals
-
-
-def geomean(values: Sequence[float]) -> float | None:
-    vals = [v for v in values if v and v > 0]
-    return math.exp(statistics.fmean(math.log(v) for v in vals)) if vals else None
 
 
 def goals(rows: list[dict[str, Any]]) -> dict[str, Any]:

@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import json
 import re
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -34,6 +34,14 @@ DOCUMENTS = ("README.md", "docs/*.md")  # where generated blocks are looked for
 M_RANGES = (("M <= 8", (1, 2, 4, 8)), ("M = 16", (16,)), ("M = 32", (32,)),
             ("M 64-128", (64, 128)), ("M = 256", (256,)), ("M 512-1024", (512, 1024)),
             ("M = 4096", (4096,)))  # fmt: skip
+
+
+def span(values: Sequence[float], fmt: str = ".2f") -> str:
+    """A range as a table cell: "lo" where both ends read alike, else "lo-hi"; "-" for none."""
+    if not values:
+        return "-"
+    lo, hi = f"{min(values):{fmt}}", f"{max(values):{fmt}}"
+    return lo if lo == hi else f"{lo}-{hi}"
 
 
 def _table(header: Iterable[str], rows: Iterable[Iterable[Any]]) -> str:
@@ -163,8 +171,7 @@ def bench_table(root: Path) -> str:
             chosen = [r for r in rows if r["m"] in ms and (r["kind"] == kind or (
                 kind == "marlin" and r.get("dispatch_path") == "marlin"))]  # fmt: skip
             ratios = [r[field] / r[over] for r in chosen if r.get(field) and r.get(over)]
-            lo, hi = (f"{min(ratios):.2f}", f"{max(ratios):.2f}") if ratios else ("-", "-")
-            cells.append(lo if lo == hi else f"{lo}-{hi}")
+            cells.append(span(ratios))
         if any(c != "-" for c in cells):
             lines.append((label, *cells))
     return _table(("", *(name for name, _ in M_RANGES)), lines)
