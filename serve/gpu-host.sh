@@ -16,21 +16,42 @@
 #      e2e.json / e2e.md / numerics.json land in --out.
 # --parallel (a host with 2 GPUs): the e2e stage also serves the checkpoints across both GPUs
 # (serve/e2e.py --parallel: tp 2, and ep 2 for the MoE); refused up front on fewer GPUs.
+# --speed MODELS (e.g. dense-large,moe-large): only those speed models' units (NVFP4 beside bf16
+# and FP8): their checkpoints alone, no trained models, no fused_shards; the report holds those
+# units (the others pending), so give it an --out of its own.
+# JIT modules prebuilt on a connected machine (scripts/make-bundle.sh --prebuild sm_90 --stages
+# e2e: the bundle's prebuilt/ folder) are loaded instead of compiled when FP4SERIES_PREBUILT_DIR
+# names that folder.
 # NVLink multicast stays off in everything this starts.
 #   serve/gpu-host.sh [--deadline SECONDS] [--out DIR] [--prepare-only] [--parallel]
+#                     [--speed MODELS]
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
-DEADLINE=0 OUT_DIR=.work/gpu-host-out PREPARE_ONLY=0 PARALLEL=0
+DEADLINE=0 OUT_DIR=.work/gpu-host-out PREPARE_ONLY=0 PARALLEL=0 SPEED=""
 while [ $# -gt 0 ]; do
   case "$1" in
     --deadline) DEADLINE="$2"; shift 2 ;;
     --out) OUT_DIR="$2"; shift 2 ;;
     --prepare-only) PREPARE_ONLY=1; shift ;;
     --parallel) PARALLEL=1; shift ;;
-    -h|--help) sed -n '2,20p' "$0"; exit 0 ;;
+    --speed) SPEED="$2"; shift 2 ;;
+    -h|--help) sed -n '2,27p' "$0"; exit 0 ;;
     *) echo "error: unknown option $1 (see --help)" >&2; exit 2 ;;
   esac
 done
+if [ -n "$SPEED" ]; then
+  for m in ${SPEED//,/ }; do
+    case "$m" in
+      dense-large|moe-large) ;;
+      *) echo "error: --speed $SPEED: unknown speed model $m (dense-large, moe-large)" >&2; exit 2 ;;
+    esac
+  done
+  if [ "$PARALLEL" = 1 ]; then
+    echo "error: --speed and --parallel: the parallel units need the trained models' one-GPU" \
+      "units; run them apart" >&2
+    exit 2
+  fi
+fi
 T0=$SECONDS
 step() { echo "==> [gpu-host +$((SECONDS - T0))s] $*"; }
 export PYTHONUNBUFFERED=1
@@ -72,18 +93,24 @@ if [ ! -f .work/logs/builds.started ]; then
     > .work/logs/builds.log 2>&1 < /dev/null &
 fi
 CKPT=.work/checkpoints/full
-if [ ! -f "$CKPT/made-large" ] && ! pgrep -f serve/make_checkpoints.py >/dev/null; then
+MADE=$CKPT/made-large  # the speed models' marker (--speed: of those asked for)
+[ -n "$SPEED" ] && MADE="$CKPT/made-speed-${SPEED//,/+}"
+if [ ! -f "$MADE" ] && ! pgrep -f serve/make_checkpoints.py >/dev/null; then
   step "checkpoints (background; log .work/logs/checkpoints.log)"
-  setsid bash -c "set -e; [ -f $CKPT/made-trained ] || { python3 serve/make_checkpoints.py; \
-    touch $CKPT/made-trained; }; python3 serve/make_checkpoints.py \
-    --models dense-large,moe-large; touch $CKPT/made-large" \
-    >> .work/logs/checkpoints.log 2>&1 < /dev/null &
+  if [ -n "$SPEED" ]; then
+    MAKE="python3 serve/make_checkpoints.py --models $SPEED"
+  else
+    MAKE="{ [ -f $CKPT/made-trained ] || { python3 serve/make_checkpoints.py; \
+      touch $CKPT/made-trained; }; }; python3 serve/make_checkpoints.py \
+      --models dense-large,moe-large"
+  fi
+  setsid bash -c "set -e; $MAKE; touch $MADE" >> .work/logs/checkpoints.log 2>&1 < /dev/null &
   sleep 2
 fi
 [ "$PREPARE_ONLY" = 1 ] && { step "prepared (builds and checkpoints go on)"; exit 0; }
 
 left() { [ "$DEADLINE" = 0 ] && echo 100000 || echo $((DEADLINE - (SECONDS - T0))); }
-while [ ! -f "$CKPT/made-trained" ]; do  # the speed models may still be in the making
+while [ -z "$SPEED" ] && [ ! -f "$CKPT/made-trained" ]; do  # the speed models may still be in the making
   if pgrep -f serve/make_checkpoints.py >/dev/null; then
     [ "$(left)" -lt 60 ] && { step "deadline: checkpoints still being made"; exit 3; }
     sleep 5
@@ -97,26 +124,30 @@ while pgrep -f "gpu_proof.py --stages fused_shards,e2e --build-only" >/dev/null;
   [ "$(left)" -lt 60 ] && { step "deadline: the Marlin builds are still running"; exit 3; }
   sleep 5  # the stages below reuse those builds instead of starting their own
 done
-if [ ! -f "$OUT_DIR/fused_shards/numerics.json" ]; then
+if [ -z "$SPEED" ] && [ ! -f "$OUT_DIR/fused_shards/numerics.json" ]; then
   step "stage fused_shards"
   scripts/gpu-proof.sh --stages fused_shards --deadline "$(left)" --out "$OUT_DIR/fused_shards" || true
 fi
-if [ ! -f "$CKPT/made-large" ]; then  # the gated units first, while the speed models are made
+if [ -z "$SPEED" ] && [ ! -f "$MADE" ]; then  # the gated units first, while the speed models are made
   # (the parallel units wait too: the checkpoint maker uses GPU 0, and a tensor-parallel engine
   # refuses GPUs whose free memory differs by more than 10 %)
   step "stage e2e without the speed models (their checkpoints are still being made)"
   FP4SERIES_E2E_ARGS="${FP4SERIES_E2E_ARGS:-} --only negative,case,unquantized,http" \
     scripts/gpu-proof.sh --stages e2e --deadline "$(left)" --out "$OUT_DIR" || true
-  while [ ! -f "$CKPT/made-large" ]; do
-    if pgrep -f serve/make_checkpoints.py >/dev/null; then
-      [ "$(left)" -lt 60 ] && { step "deadline: the speed models are still being made"; exit 3; }
-      sleep 5
-    else
-      step "speed-model checkpoints failed: tail of .work/logs/checkpoints.log"
-      tail -20 .work/logs/checkpoints.log
-      exit 1
-    fi
-  done
+fi
+while [ ! -f "$MADE" ]; do
+  if pgrep -f serve/make_checkpoints.py >/dev/null; then
+    [ "$(left)" -lt 60 ] && { step "deadline: the speed models are still being made"; exit 3; }
+    sleep 5
+  else
+    step "speed-model checkpoints failed: tail of .work/logs/checkpoints.log"
+    tail -20 .work/logs/checkpoints.log
+    exit 1
+  fi
+done
+if [ -n "$SPEED" ]; then
+  ONLY=$(echo "$SPEED" | sed 's#\([^,]*\)#speed/\1#g')
+  export FP4SERIES_E2E_ARGS="${FP4SERIES_E2E_ARGS:-} --only $ONLY"
 fi
 step "stage e2e (resumes what an earlier run finished)"
 scripts/gpu-proof.sh --stages e2e --deadline "$(left)" --out "$OUT_DIR"

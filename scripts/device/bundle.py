@@ -263,15 +263,17 @@ def _prebuild(arch: str, variants: dict[str, Path], wanted: list[tuple[str, str]
             a = "compute_75" if variant == "compute75" else arch
             todo.setdefault((variants[variant], a), []).append(spec)
     procs, records = [], []
+    # one process per module (nvcc compiles each on one core), at most ``jobs`` at a time
     for (tree, a), specs in todo.items():
         out = cache / "prebuilt" / tree_hash(tree / "sglang" / "jit_kernel")[:16] / a
         out.mkdir(parents=True, exist_ok=True)
-        while len([p for p in procs if p.poll() is None]) >= jobs:
-            time.sleep(2)
         env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(tree), str(REPO / "src")]))
-        print(f"[make-bundle] prebuilding {a} {specs} for {tree}", flush=True)
         cmd = [sys.executable, str(HERE / "jit_hook.py"), "build", "--arch", a, "--out", str(out)]
-        procs.append(subprocess.Popen([*cmd, *specs], env=env))
+        for spec in specs:
+            while len([p for p in procs if p.poll() is None]) >= jobs:
+                time.sleep(2)
+            print(f"[make-bundle] prebuilding {a} {spec} for {tree}", flush=True)
+            procs.append(subprocess.Popen([*cmd, spec], env=env))
         records.append(out)
     if any(p.wait() for p in procs):
         print("[make-bundle] warning: some modules did not build; the GPU host builds them")

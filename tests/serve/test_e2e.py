@@ -695,6 +695,67 @@ def test_gpu_host_parallel_flow_with_stand_ins(tmp_path: Path) -> None:
     ]  # fmt: skip
 
 
+SPEED_PYTHON = """#!/usr/bin/env bash
+# python3 of a stand-in 1-GPU host: the checkpoint maker records what it was asked for
+case "$*" in
+  *serve/make_checkpoints.py*) echo "$*" >> .work/makes.txt; mkdir -p .work/checkpoints/full ;;
+  *) echo "unexpected python3 $*" >&2; exit 9 ;;
+esac
+"""
+
+
+def test_gpu_host_speed_flow_with_stand_ins(tmp_path: Path) -> None:
+    """serve/gpu-host.sh --speed: only the named speed models are made (not the trained ones),
+    no fused_shards stage, one e2e pass with --only speed/MODEL...; unknown models and
+    --speed with --parallel refused before anything runs."""
+    import shutil
+    import subprocess
+
+    repo = tmp_path / "repo"
+    (repo / "serve").mkdir(parents=True)
+    shutil.copy(e2e.ROOT / "serve" / "gpu-host.sh", repo / "serve" / "gpu-host.sh")
+    proof = repo / "scripts" / "gpu-proof.sh"
+    proof.parent.mkdir()
+    proof.write_text(STUB_PROOF)
+    proof.chmod(0o755)
+    work = repo / ".work"
+    for f in ("gpu-site/.installed", "logs/builds.started",
+              "checkout/python/sglang/srt/layers/quantization/marlin_utils_fp4.py",
+              "revision.json"):  # fmt: skip
+        (work / f).parent.mkdir(parents=True, exist_ok=True)
+        (work / f).write_text("{}")
+    (tmp_path / "bin").mkdir()
+    (tmp_path / "bin" / "python3").write_text(SPEED_PYTHON)
+    (tmp_path / "bin" / "python3").chmod(0o755)
+    env = {**os.environ, "PATH": f"{tmp_path / 'bin'}{os.pathsep}{os.environ['PATH']}"}
+    env.pop("FP4SERIES_E2E_ARGS", None)
+
+    def host(*args: str) -> subprocess.CompletedProcess[str]:
+        return subprocess.run(["bash", str(repo / "serve" / "gpu-host.sh"), *args], env=env,
+                              capture_output=True, text=True, timeout=120)  # fmt: skip
+
+    refusals = (
+        (["--speed", "dense-large,moe"], "unknown speed model moe"),
+        (["--speed", "dense-large", "--parallel"], "--speed and --parallel"),
+    )
+    for bad, says in refusals:
+        proc = host(*bad)
+        assert proc.returncode == 2 and says in proc.stderr, proc.stdout + proc.stderr
+    assert not (work / "makes.txt").exists() and not (work / "calls.txt").exists()
+    proc = host("--speed", "dense-large,moe-large", "--out", ".work/speed-out")
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert (work / "makes.txt").read_text().split("\n")[:-1] == [
+        "serve/make_checkpoints.py --models dense-large,moe-large"
+    ]
+    assert (work / "checkpoints" / "full" / "made-speed-dense-large+moe-large").is_file()
+    assert not (work / "checkpoints" / "full" / "made-trained").exists()
+    calls = [ln.split("|") for ln in (work / "calls.txt").read_text().splitlines()]
+    assert calls == [
+        [" --only speed/dense-large,speed/moe-large", "0 1 1",
+         "--stages e2e --deadline 100000 --out .work/speed-out"],
+    ]  # fmt: skip
+
+
 def test_a_failed_one_gpu_unit_fails_its_parallel_units_without_a_worker(
     ckpt: Path, pin: Path, tmp_path: Path, fake_worker: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
