@@ -143,6 +143,10 @@ def engine_kwargs(
         "dtype": dtype,
         "log_level": "info",  # the scheduler's load and backend lines land in the unit's log
         "random_seed": 0,
+        # several engines are alive at once (up to --workers); an idle one waits on its
+        # sockets instead of spinning a CPU core, so a timed engine does not share the host
+        # with others' busy loops (it wakes on a request; a running batch never sleeps)
+        "sleep_on_idle": True,
     }
     if tp_size > 1:
         kw["tp_size"] = tp_size
@@ -537,10 +541,10 @@ def error_lines(text: str, limit: int = 6) -> list[str]:
 class Gate:
     """Cross-process locks (flock) of one run's workers:
 
-    - ``starting()``: shared; held while an engine or server starts;
+    - ``starting()``: shared; held while an engine or server starts or shuts down;
     - ``working()``: exclusive; held while an engine does accuracy work;
     - ``quiet()``: exclusive on both, behind a turnstile so that starts queued after it wait:
-      speed runs alone on the GPU, with no other engine starting or working.
+      speed runs alone on the GPU, with no other engine starting, stopping or working.
     """
 
     def __init__(self, folder: Path) -> None:

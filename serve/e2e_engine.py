@@ -93,7 +93,8 @@ class Session:
 
     def __exit__(self, *exc: object) -> None:
         if self.engine is not None:
-            self.engine.shutdown()
+            with self.gate.starting():  # not while another engine is timed (Gate.quiet)
+                self.engine.shutdown()
             say("engine shut down")
 
     def log_text(self) -> str:
@@ -374,8 +375,9 @@ def run_http(job: dict[str, Any], rec: Record) -> None:
         d["ok"] = isinstance(r.choices[0].text, str) and (usage.get("completion_tokens") or 0) > 0
         say(f"completion: {r.choices[0].text!r} ({usage})")
     finally:
-        e2e.kill_group(proc.pid, grace=20, proc=proc)
-        d["server_exit"] = proc.wait()
+        with gate.starting():  # not while another engine is timed (Gate.quiet)
+            e2e.kill_group(proc.pid, grace=20, proc=proc)
+            d["server_exit"] = proc.wait()
         with logf.open("rb") as fh:
             fh.seek(offset)
             d["marlin_log"] = e2e.marlin_evidence(fh.read().decode(errors="replace"))

@@ -117,14 +117,15 @@ def test_engine_settings_and_server_command() -> None:
                  "--attention-backend", "triton")  # fmt: skip
     kw = e2e.engine_kwargs(s, "/m", "float16")
     assert kw == {"model_path": "/m", "dtype": "float16", "log_level": "info", "random_seed": 0,
-                  "attention_backend": "triton", "max_total_tokens": 131072,
+                  "sleep_on_idle": True, "attention_backend": "triton", "max_total_tokens": 131072,
                   "cuda_graph_max_bs": 32, "disable_piecewise_cuda_graph": True}  # fmt: skip
     cmd = e2e.server_command(s, "/m", "bfloat16", 30001, "marlin")
     assert cmd[1:3] == ["-m", "sglang.launch_server"]
     joined = " ".join(cmd)
     for part in ("--host 127.0.0.1", "--port 30001", "--model-path /m", "--dtype bfloat16",
                  "--attention-backend triton", "--disable-piecewise-cuda-graph",
-                 "--fp4-gemm-backend marlin", "--max-total-tokens 131072"):  # fmt: skip
+                 "--fp4-gemm-backend marlin", "--max-total-tokens 131072",
+                 "--sleep-on-idle"):  # fmt: skip
         assert part in joined
     assert e2e.choose_attention_backend("auto", fa3_available=False) == "triton"
     assert e2e.choose_attention_backend("auto", fa3_available=True) is None  # engine: fa3
@@ -893,6 +894,33 @@ def worker_job(unit: e2e.Unit, s: dict[str, Any], tmp_path: Path, log: Path) -> 
     return {"id": unit.id, "kind": unit.kind, "spec": unit.spec, "settings": s, "hash": "h",
             "locks": str(tmp_path / "locks"), "result": str(tmp_path / "rec.json"),
             "log": str(log), "tokens": e2e.token_sets(list(range(40000)), s)}  # fmt: skip
+
+
+def test_engines_shut_down_only_while_no_engine_is_timed(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """An engine's shutdown holds the gate's start lock (shared), which Gate.quiet takes
+    exclusively: no engine stops on the GPU while another's speed is measured."""
+    import fcntl
+
+    log = stand_in_engine(tmp_path, monkeypatch)
+    seen: list[str] = []
+
+    def shutdown(self: FakeEngine) -> None:
+        with (tmp_path / "locks" / "start.lock").open("a") as fh:  # as quiet() would take it
+            try:
+                fcntl.flock(fh, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                seen.append("free")
+            except BlockingIOError:
+                seen.append("held")
+
+    monkeypatch.setattr(FakeEngine, "shutdown", shutdown)
+    s = settings()
+    unit = next(u for u in e2e.plan_units(tmp_path, s, None) if u.kind == "speed")
+    job = worker_job(unit, s, tmp_path, log)
+    with e2e_engine.Session(job, "/m/modelopt-nvfp4", e2e.Gate(tmp_path / "locks")):
+        pass
+    assert seen == ["held"]
 
 
 def test_worker_case_against_a_stand_in_engine(
