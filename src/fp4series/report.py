@@ -997,6 +997,32 @@ def check_e2e(
         pending.append(f"{name}: {E2E_PARALLEL_PENDING}")
 
 
+# serve/gpu-host.sh --speed: the speed models' units alone, rerun after the series' GEMM paths
+# changed; beside the full e2e.json, whose other units it leaves pending
+E2E_SPEED_RERUN = "e2e-speed"
+
+
+def check_e2e_speed_rerun(data: Mapping[str, Any], problems: list[str]) -> None:
+    """e2e-speed/e2e.json: every speed unit done, and the speed models' rows and weight memory
+    as the full report has them; the units it did not run are no failure there."""
+    name = f"{E2E_SPEED_RERUN}/e2e.json"
+    _check_meta(name, data, problems)
+    if not isinstance(data.get("commands"), list) or not data.get("commands"):
+        problems.append(f"{name}: 'commands' must list every command the run made")
+    versions = data.get("versions")
+    if not isinstance(versions, Mapping) or not all(versions.get(k) for k in ("sglang", "torch")):
+        problems.append(f"{name}: 'versions' must name at least sglang and torch")
+    units = data.get("units") if isinstance(data.get("units"), Mapping) else {}
+    speed_units = {str(u): v for u, v in units.items() if str(u).startswith("speed/")}
+    if not speed_units:
+        problems.append(f"{name}: no speed/ units (serve/gpu-host.sh --speed runs them)")
+    for unit, rec in sorted(speed_units.items()):
+        status = rec.get("status") if isinstance(rec, Mapping) else None
+        if status != "done":
+            problems.append(f"{name}: unit {unit} is {status!r}, not done")
+    _check_e2e_large(name, data.get("speed_large"), data.get("memory_large"), problems)
+
+
 def check_e2e_parallel_record(name: str, rec: Mapping[str, Any], problems: list[str]) -> bool:
     """One checkpoint on two GPUs against its one-GPU NVFP4 run; True if its keys are valid."""
     key = _e2e_key(rec, "format", "model", "dtype")
@@ -1220,6 +1246,9 @@ def check_report_dir(
     e2e = _load(report_dir / "e2e.json", problems)
     if e2e is not None:
         check_e2e(e2e, problems, pending)
+    speed_rerun = _load(report_dir / E2E_SPEED_RERUN / "e2e.json", problems)
+    if speed_rerun is not None:
+        check_e2e_speed_rerun(speed_rerun, problems)
     if line is None and (report_dir / "kernels").is_dir():
         from fp4series.kernel_reports import check_kernel_rounds
 

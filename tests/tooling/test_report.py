@@ -500,6 +500,44 @@ def test_e2e_report_passes_and_is_checked_only_where_present(tmp_path: Path) -> 
     assert report.check_report_dir(tmp_path) == []
 
 
+def _speed_rerun() -> dict[str, Any]:
+    """A passing e2e-speed/e2e.json: serve/gpu-host.sh --speed's report (other units pending)."""
+    full = _e2e()
+    units = {f"speed/{m}/{v}": {"status": "done", "seconds": 90, "error": None}
+             for m in report.E2E_LARGE_MODELS
+             for v in ("bf16", "modelopt-nvfp4", "modelopt-fp8", "ct-nvfp4", "ct-fp8")}  # fmt: skip
+    units["case/dense/modelopt/bfloat16"] = {"status": None, "seconds": None, "error": None}
+    keep = ("commands", "versions", "speed_large", "memory_large", *META)
+    return {**{k: full[k] for k in keep}, "units": units, "complete": False}
+
+
+def test_e2e_speed_rerun_is_checked_where_present(tmp_path: Path) -> None:
+    """e2e-speed/e2e.json (the speed models' units alone): checked beside the full report;
+    a speed unit not done, an FP8 rate missing or a model's rows missing fail it, units it did
+    not run (pending) do not."""
+    _write(tmp_path)
+    folder = tmp_path / report.E2E_SPEED_RERUN
+    folder.mkdir()
+    (folder / "e2e.json").write_text(json.dumps(_speed_rerun()))
+    assert report.check_report_dir(tmp_path) == []
+    bad = _speed_rerun()
+    bad["units"]["speed/moe-large/ct-nvfp4"]["status"] = "failed"
+    next(r for r in bad["speed_large"] if r["model"] == "dense-large")["fp8_tok_s"] = None
+    bad["speed_large"] = [
+        r for r in bad["speed_large"] if (r["model"], r["format"]) != ("moe-large", "modelopt")
+    ]
+    bad.pop("series_revision")
+    (folder / "e2e.json").write_text(json.dumps(bad))
+    problems = report.check_report_dir(tmp_path)
+    name = "e2e-speed/e2e.json"
+    assert f"{name}: unit speed/moe-large/ct-nvfp4 is 'failed', not done" in problems
+    assert f"{name}: missing top-level field 'series_revision'" in problems
+    assert any(p.startswith(f"{name}: speed_large") and "fp8_tok_s missing" in p
+               for p in problems)  # fmt: skip
+    assert f"{name}: speed_large modelopt moe-large: no decode row for batch 1" in problems
+    assert all(p.startswith(name) for p in problems), problems
+
+
 def _e2e_case(data: dict[str, Any], fmt: str, model: str, dtype: str) -> dict[str, Any]:
     return next(
         c for c in data["cases"] if (c["format"], c["model"], c["dtype"]) == (fmt, model, dtype)
