@@ -275,7 +275,7 @@ def _prebuild(arch: str, variants: dict[str, Path], wanted: list[tuple[str, str]
             print(f"[make-bundle] prebuilding {a} {spec} for {tree}", flush=True)
             procs.append(subprocess.Popen([*cmd, spec], env=env))
         records.append(out)
-    if any(p.wait() for p in procs):
+    if any([p.wait() for p in procs]):  # every one waited for, not up to the first failure
         print("[make-bundle] warning: some modules did not build; the GPU host builds them")
     entries = []
     for out in records:
