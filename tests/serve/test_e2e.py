@@ -311,6 +311,14 @@ def test_assembled_report_passes_the_ci_check_and_renders(tmp_path: Path) -> Non
     assert "**Check: OK**" in md and "| compressed-tensors | dense | float16 |" in md
     rep["cases"][0]["top1_agreement"] = 0.9
     assert "top-1 agreement 0.9000 < 0.98" in e2e.render_markdown(rep)
+    # the speed units alone (serve/gpu-host.sh --speed): checked as e2e-speed/e2e.json is
+    speed = {u.id for u in units if u.kind == "speed"}
+    alone = assemble(units, {k: v for k, v in records.items() if k in speed}, s)
+    md = e2e.render_markdown(alone)
+    assert "**Check: OK**" in md and "`serve/gpu-host.sh --speed`" in md
+    assert "| modelopt | dense-large | decode | 8 |" in md
+    alone["units"]["speed/moe-large/ct-fp8"]["status"] = "failed"
+    assert "unit speed/moe-large/ct-fp8 is 'failed', not done" in e2e.render_markdown(alone)
 
 
 def test_partial_records_give_a_valid_incomplete_report(tmp_path: Path) -> None:
