@@ -110,16 +110,21 @@ fi
 [ "$PREPARE_ONLY" = 1 ] && { step "prepared (builds and checkpoints go on)"; exit 0; }
 
 left() { [ "$DEADLINE" = 0 ] && echo 100000 || echo $((DEADLINE - (SECONDS - T0))); }
-while [ -z "$SPEED" ] && [ ! -f "$CKPT/made-trained" ]; do  # the speed models may still be in the making
-  if pgrep -f serve/make_checkpoints.py >/dev/null; then
-    [ "$(left)" -lt 60 ] && { step "deadline: checkpoints still being made"; exit 3; }
-    sleep 5
-  else
-    step "checkpoints failed: tail of .work/logs/checkpoints.log"
-    tail -20 .work/logs/checkpoints.log
-    exit 1
-  fi
-done
+wait_for_checkpoints() {  # MARKER WHAT: until the checkpoint maker has written MARKER
+  while [ ! -f "$1" ]; do
+    if pgrep -f serve/make_checkpoints.py >/dev/null; then
+      [ "$(left)" -lt 60 ] && { step "deadline: $2 still being made"; exit 3; }
+      sleep 5
+    else
+      step "$2 failed: tail of .work/logs/checkpoints.log"
+      tail -20 .work/logs/checkpoints.log
+      exit 1
+    fi
+  done
+}
+if [ -z "$SPEED" ]; then  # the trained models (the speed models may still be in the making)
+  wait_for_checkpoints "$CKPT/made-trained" "the trained models' checkpoints"
+fi
 while pgrep -f "gpu_proof.py --stages fused_shards,e2e --build-only" >/dev/null; do
   [ "$(left)" -lt 60 ] && { step "deadline: the Marlin builds are still running"; exit 3; }
   sleep 5  # the stages below reuse those builds instead of starting their own
@@ -135,16 +140,7 @@ if [ -z "$SPEED" ] && [ ! -f "$MADE" ]; then  # the gated units first, while the
   FP4SERIES_E2E_ARGS="${FP4SERIES_E2E_ARGS:-} --only negative,case,unquantized,http" \
     scripts/gpu-proof.sh --stages e2e --deadline "$(left)" --out "$OUT_DIR" || true
 fi
-while [ ! -f "$MADE" ]; do
-  if pgrep -f serve/make_checkpoints.py >/dev/null; then
-    [ "$(left)" -lt 60 ] && { step "deadline: the speed models are still being made"; exit 3; }
-    sleep 5
-  else
-    step "speed-model checkpoints failed: tail of .work/logs/checkpoints.log"
-    tail -20 .work/logs/checkpoints.log
-    exit 1
-  fi
-done
+wait_for_checkpoints "$MADE" "the speed models' checkpoints"
 if [ -n "$SPEED" ]; then
   ONLY=$(echo "$SPEED" | sed 's#\([^,]*\)#speed/\1#g')
   export FP4SERIES_E2E_ARGS="${FP4SERIES_E2E_ARGS:-} --only $ONLY"

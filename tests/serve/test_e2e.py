@@ -665,13 +665,11 @@ echo "$FP4SERIES_E2E_ARGS|$multicast|$*" >> .work/calls.txt
 """
 
 
-def test_gpu_host_parallel_flow_with_stand_ins(tmp_path: Path) -> None:
-    """serve/gpu-host.sh --parallel on a stand-in 2-GPU host whose speed-model checkpoints are
-    still being made: the gated one-GPU units first (no parallel unit beside the checkpoint
-    maker on GPU 0), then, once the checkpoints are there, the rest with --parallel; NVLink
-    multicast off in what it starts."""
+def stand_in_host(tmp_path: Path, python3: str, *done: str) -> tuple[Path, dict[str, str]]:
+    """A copy of serve/gpu-host.sh with stand-ins for scripts/gpu-proof.sh (it records its
+    calls) and python3 (the script PYTHON3), the results DONE already there under .work/;
+    returns the repository and the environment to run it in."""
     import shutil
-    import subprocess
 
     repo = tmp_path / "repo"
     (repo / "serve").mkdir(parents=True)
@@ -680,18 +678,29 @@ def test_gpu_host_parallel_flow_with_stand_ins(tmp_path: Path) -> None:
     proof.parent.mkdir()
     proof.write_text(STUB_PROOF)
     proof.chmod(0o755)
-    work = repo / ".work"
-    for f in ("gpu-site/.installed", "logs/builds.started", "checkpoints/full/made-trained",
-              "checkout/python/sglang/srt/layers/quantization/marlin_utils_fp4.py",
-              "revision.json", "gpu-host-out/fused_shards/numerics.json"):  # fmt: skip
-        (work / f).parent.mkdir(parents=True, exist_ok=True)
-        (work / f).write_text("{}")
+    unpacked = "checkout/python/sglang/srt/layers/quantization/marlin_utils_fp4.py"
+    for f in ("gpu-site/.installed", "logs/builds.started", "revision.json", unpacked, *done):
+        (repo / ".work" / f).parent.mkdir(parents=True, exist_ok=True)
+        (repo / ".work" / f).write_text("{}")
     (tmp_path / "bin").mkdir()
-    (tmp_path / "bin" / "python3").write_text(STUB_PYTHON)
+    (tmp_path / "bin" / "python3").write_text(python3)
     (tmp_path / "bin" / "python3").chmod(0o755)
-    env = {**os.environ, "PATH": f"{tmp_path / 'bin'}{os.pathsep}{os.environ['PATH']}",
-           "NCCL_NVLS_ENABLE": "1"}  # fmt: skip
+    env = {**os.environ, "PATH": f"{tmp_path / 'bin'}{os.pathsep}{os.environ['PATH']}"}
     env.pop("FP4SERIES_E2E_ARGS", None)
+    return repo, env
+
+
+def test_gpu_host_parallel_flow_with_stand_ins(tmp_path: Path) -> None:
+    """serve/gpu-host.sh --parallel on a stand-in 2-GPU host whose speed-model checkpoints are
+    still being made: the gated one-GPU units first (no parallel unit beside the checkpoint
+    maker on GPU 0), then, once the checkpoints are there, the rest with --parallel; NVLink
+    multicast off in what it starts."""
+    import subprocess
+
+    repo, env = stand_in_host(tmp_path, STUB_PYTHON, "checkpoints/full/made-trained",
+                              "gpu-host-out/fused_shards/numerics.json")  # fmt: skip
+    env["NCCL_NVLS_ENABLE"] = "1"
+    work = repo / ".work"
     proc = subprocess.run(["bash", str(repo / "serve" / "gpu-host.sh"), "--parallel"], env=env,
                           capture_output=True, text=True, timeout=120)  # fmt: skip
     assert proc.returncode == 0, proc.stdout + proc.stderr
@@ -717,27 +726,10 @@ def test_gpu_host_speed_flow_with_stand_ins(tmp_path: Path) -> None:
     """serve/gpu-host.sh --speed: only the named speed models are made (not the trained ones),
     no fused_shards stage, one e2e pass with --only speed/MODEL...; unknown models and
     --speed with --parallel refused before anything runs."""
-    import shutil
     import subprocess
 
-    repo = tmp_path / "repo"
-    (repo / "serve").mkdir(parents=True)
-    shutil.copy(e2e.ROOT / "serve" / "gpu-host.sh", repo / "serve" / "gpu-host.sh")
-    proof = repo / "scripts" / "gpu-proof.sh"
-    proof.parent.mkdir()
-    proof.write_text(STUB_PROOF)
-    proof.chmod(0o755)
+    repo, env = stand_in_host(tmp_path, SPEED_PYTHON)
     work = repo / ".work"
-    for f in ("gpu-site/.installed", "logs/builds.started",
-              "checkout/python/sglang/srt/layers/quantization/marlin_utils_fp4.py",
-              "revision.json"):  # fmt: skip
-        (work / f).parent.mkdir(parents=True, exist_ok=True)
-        (work / f).write_text("{}")
-    (tmp_path / "bin").mkdir()
-    (tmp_path / "bin" / "python3").write_text(SPEED_PYTHON)
-    (tmp_path / "bin" / "python3").chmod(0o755)
-    env = {**os.environ, "PATH": f"{tmp_path / 'bin'}{os.pathsep}{os.environ['PATH']}"}
-    env.pop("FP4SERIES_E2E_ARGS", None)
 
     def host(*args: str) -> subprocess.CompletedProcess[str]:
         return subprocess.run(["bash", str(repo / "serve" / "gpu-host.sh"), *args], env=env,
