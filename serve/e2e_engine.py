@@ -80,11 +80,11 @@ class Session:
         self.engine: Any = None
 
     def __enter__(self) -> Session:
-        from sglang.srt.entrypoints.engine import Engine
-
         self.offset = self.log.stat().st_size if self.log.is_file() else 0
         say(f"Engine({self.kwargs})")
-        with self.gate.starting():
+        with self.gate.starting():  # SGLang's import too: not beside another engine's timing
+            from sglang.srt.entrypoints.engine import Engine
+
             t = time.perf_counter()
             self.engine = Engine(**self.kwargs)
             self.start_s = round(time.perf_counter() - t, 1)
@@ -401,7 +401,7 @@ def run_negative(job: dict[str, Any], rec: Record) -> None:
         except subprocess.TimeoutExpired:
             e2e.kill_group(proc.pid, grace=2, proc=proc)
             out, _ = proc.communicate()
-    e2e.kill_group(proc.pid, grace=2, proc=proc)  # the scheduler, should it outlive the probe
+        e2e.kill_group(proc.pid, grace=2, proc=proc)  # the scheduler, should it outlive the probe
     print(out, flush=True)
     probe = next((json.loads(ln[7:]) for ln in out.splitlines()
                   if ln.startswith("PROBE: {")), {})  # fmt: skip

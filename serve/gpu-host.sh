@@ -40,12 +40,11 @@ while [ $# -gt 0 ]; do
   esac
 done
 if [ -n "$SPEED" ]; then
-  for m in ${SPEED//,/ }; do
-    case "$m" in
-      dense-large|moe-large) ;;
-      *) echo "error: --speed $SPEED: unknown speed model $m (dense-large, moe-large)" >&2; exit 2 ;;
-    esac
-  done
+  if ! [[ $SPEED =~ ^(dense-large|moe-large)(,(dense-large|moe-large))?$ ]]; then
+    echo "error: --speed '$SPEED': give dense-large, moe-large or both, comma-separated" >&2
+    exit 2
+  fi
+  SPEED=$(echo "$SPEED" | tr , '\n' | sort -u | paste -sd, -)  # one marker per set of models
   if [ "$PARALLEL" = 1 ]; then
     echo "error: --speed and --parallel: the parallel units need the trained models' one-GPU" \
       "units; run them apart" >&2
@@ -94,7 +93,10 @@ if [ ! -f .work/logs/builds.started ]; then
 fi
 CKPT=.work/checkpoints/full
 MADE=$CKPT/made-large  # the speed models' marker (--speed: of those asked for)
-[ -n "$SPEED" ] && MADE="$CKPT/made-speed-${SPEED//,/+}"
+if [ -n "$SPEED" ]; then
+  MADE="$CKPT/made-speed-${SPEED//,/+}"
+  [ -f "$CKPT/made-large" ] && MADE="$CKPT/made-large"  # a full run made both already
+fi
 if [ ! -f "$MADE" ] && ! pgrep -f serve/make_checkpoints.py >/dev/null; then
   step "checkpoints (background; log .work/logs/checkpoints.log)"
   if [ -n "$SPEED" ]; then

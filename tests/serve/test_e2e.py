@@ -736,14 +736,16 @@ def test_gpu_host_speed_flow_with_stand_ins(tmp_path: Path) -> None:
                               capture_output=True, text=True, timeout=120)  # fmt: skip
 
     refusals = (
-        (["--speed", "dense-large,moe"], "unknown speed model moe"),
+        (["--speed", "dense-large,moe"], "give dense-large, moe-large or both"),
+        (["--speed", "dense-large,"], "give dense-large, moe-large or both"),
+        (["--speed", "dense-large moe-large"], "give dense-large, moe-large or both"),
         (["--speed", "dense-large", "--parallel"], "--speed and --parallel"),
     )
     for bad, says in refusals:
         proc = host(*bad)
         assert proc.returncode == 2 and says in proc.stderr, proc.stdout + proc.stderr
     assert not (work / "makes.txt").exists() and not (work / "calls.txt").exists()
-    proc = host("--speed", "dense-large,moe-large", "--out", ".work/speed-out")
+    proc = host("--speed", "moe-large,dense-large", "--out", ".work/speed-out")
     assert proc.returncode == 0, proc.stdout + proc.stderr
     assert (work / "makes.txt").read_text().split("\n")[:-1] == [
         "serve/make_checkpoints.py --models dense-large,moe-large"

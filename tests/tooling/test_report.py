@@ -536,6 +536,19 @@ def test_e2e_speed_rerun_is_checked_where_present(tmp_path: Path) -> None:
                for p in problems)  # fmt: skip
     assert f"{name}: speed_large modelopt moe-large: no decode row for batch 1" in problems
     assert all(p.startswith(name) for p in problems), problems
+    # one model asked for (--speed dense-large): the other's units and rows are not required
+    one = _speed_rerun()
+    for unit in [u for u in one["units"] if u.startswith("speed/moe-large/")]:
+        one["units"][unit]["status"] = None
+    one["speed_large"] = [r for r in one["speed_large"] if r["model"] == "dense-large"]
+    one["memory_large"] = [r for r in one["memory_large"] if r["model"] == "dense-large"]
+    (folder / "e2e.json").write_text(json.dumps(one))
+    assert report.check_report_dir(tmp_path) == []
+    for unit in one["units"]:
+        one["units"][unit]["status"] = None
+    (folder / "e2e.json").write_text(json.dumps(one))
+    assert f"{name}: no speed/ unit ran (serve/gpu-host.sh --speed runs them)" in (
+        report.check_report_dir(tmp_path))  # fmt: skip
 
 
 def _e2e_case(data: dict[str, Any], fmt: str, model: str, dtype: str) -> dict[str, Any]:
