@@ -32,8 +32,11 @@ How it runs: the work is cut into units (``negative``, ``case/MODEL/FORMAT/DTYPE
 ``--parallel`` ``parallel/FORMAT/MODEL/tp2|ep2``; ``plan`` lists them). Each unit
 runs in its own worker process (serve/e2e_engine.py, the only code that imports SGLang), up to
 ``--workers`` at a time, so that a crashing engine (SGLang kills its whole process tree when a
-child fails) costs one unit. Engines start in parallel; timed work holds an exclusive GPU lock,
-and the speed measurements also wait until no other engine is starting. Every unit writes its
+child fails) costs one unit. Engines start in parallel (the speed models' one at a time, so
+that each reports its own memory); timed work holds an exclusive GPU lock, and the speed
+measurements also wait until no other engine is starting. A speed model's variants are timed in
+alternation (``Rounds``: ``--speed-repeats`` rounds, each variant once per round, the order
+rotated every round) while their engines stay up, idle ones asleep. Every unit writes its
 results as it goes, and e2e.json / e2e.md are rewritten whenever a unit reports, so a run cut
 short (``--deadline``, SIGINT from scripts/gpu-proof.sh, a lost machine) leaves a valid,
 incomplete report. Results are kept under ``--work``: running the same command again skips the
@@ -88,8 +91,10 @@ FORMATS = {  # format -> (NVFP4 checkpoint folder, its dequantized reference)
 assert tuple(FORMATS) == report_mod.E2E_FORMATS
 # Speed models (random weights, make_checkpoints.py --models dense-large,moe-large): each
 # checkpoint in its own engine; a speed row puts a format's NVFP4 and FP8 (W8A8, SGLang's
-# native Hopper path) beside the bf16 model.
+# native Hopper path) beside the bf16 model. A full run plans LARGE_MODELS; --speed-models
+# plans others too (dense-8b: Llama-3.1-8B's 32 layers, five checkpoints of ~37 GB).
 LARGE_MODELS = report_mod.E2E_LARGE_MODELS
+SPEED_MODELS = report_mod.E2E_SPEED_MODELS
 LARGE_FORMATS = {  # format -> (NVFP4 checkpoint folder, FP8 checkpoint folder)
     "modelopt": ("modelopt-nvfp4", "modelopt-fp8"),
     "compressed-tensors": ("ct-nvfp4", "ct-fp8"),
@@ -233,11 +238,16 @@ class Unit:
 
 
 def plan_units(
-    ckpt: Path, settings: Mapping[str, Any], pin_tree: str | None, parallel: bool = False
+    ckpt: Path,
+    settings: Mapping[str, Any],
+    pin_tree: str | None,
+    parallel: bool = False,
+    speed_models: Sequence[str] = LARGE_MODELS,
 ) -> list[Unit]:
     """Every unit of a full run, in the order they start (the cheap negative control first;
     the first cases cover both dtypes, so the engine's JIT kernels build in parallel).
-    ``parallel``: the two-GPU units too, last (each needs its one-GPU unit done first)."""
+    ``parallel``: the two-GPU units too, last (each needs its one-GPU unit done first);
+    ``speed_models``: whose speed units are planned."""
     units = [Unit("negative", "negative", {
         "path": str(ckpt / NEGATIVE[0] / FORMATS[NEGATIVE[1]][0]), "model": NEGATIVE[0],
         "format": NEGATIVE[1], "dtype": "bfloat16", "pin_tree": pin_tree})]  # fmt: skip
@@ -255,7 +265,7 @@ def plan_units(
         units.append(Unit(uid, "http", {
             "model": model, "format": fmt, "dtype": "bfloat16", "backend": backend,
             "path": str(ckpt / model / FORMATS[fmt][0])}))  # fmt: skip
-    for model in LARGE_MODELS:  # last: each waits for a quiet GPU
+    for model in speed_models:  # last: each waits for a quiet GPU
         for variant in LARGE_VARIANTS:
             units.append(Unit(f"speed/{model}/{variant}", "speed", {
                 "model": model, "variant": variant, "dtype": "bfloat16",
@@ -473,6 +483,15 @@ def decode_rate(batch: int, new_tokens: int, full: Sequence[float], one: Sequenc
     }
 
 
+def ratio_range(times: Sequence[float] | None, base: Sequence[float] | None) -> list[float] | None:
+    """[min, max] of the per-round speed ratios (``base[r] / times[r]``) of two variants timed
+    in the same rounds (serve/e2e.py's Rounds); None unless both have every round."""
+    if not times or not base or len(times) != len(base) or min(*times, *base) <= 0:
+        return None
+    ratios = [b / t for t, b in zip(times, base, strict=True)]
+    return [_round(min(ratios), 3), _round(max(ratios), 3)]
+
+
 def prefill_rate(tokens: int, times: Sequence[float]) -> dict:
     if not times:
         return {"tok_s": None, "ms": None}
@@ -562,10 +581,12 @@ class Gate:
                 fcntl.flock(fh, fcntl.LOCK_UN)
 
     @contextlib.contextmanager
-    def starting(self) -> Iterator[None]:
+    def starting(self, alone: bool = False) -> Iterator[None]:
+        """``alone``: no other engine starts or stops meanwhile (exclusive), so the memory an
+        engine reports after load (free-memory differences) is its own."""
         with self._lock(self.turn, fcntl.LOCK_EX):
             pass
-        with self._lock(self.start, fcntl.LOCK_SH):
+        with self._lock(self.start, fcntl.LOCK_EX if alone else fcntl.LOCK_SH):
             yield
 
     @contextlib.contextmanager
@@ -581,6 +602,72 @@ class Gate:
             self._lock(self.work, fcntl.LOCK_EX),
         ):
             yield
+
+
+class Rounds:
+    """The speed units of one model take turns: round ``r`` times every variant once, in the
+    roster's order rotated by ``r``, so that a drift of the host or the GPU over the run falls
+    on every variant alike instead of on the ones timed last.
+
+    Files in ``folder`` (``locks/rounds/MODEL``, written afresh by the runner for each run):
+    ``roster.json`` (the variants started together, in order), ``VARIANT.alive`` (locked by
+    its worker for its whole life), ``VARIANT.hello`` (written once that lock is held),
+    ``R.VARIANT.done`` (its turn of round R is over). A variant whose worker has ended (hello
+    written, lock free), or that has not said hello within ``hello_wait`` seconds of the
+    roster, is passed over: a failed engine costs its own rows only.
+    """
+
+    def __init__(self, folder: Path, variant: str, hello_wait: float = 300.0) -> None:
+        self.folder, self.variant, self.hello_wait = folder, variant, hello_wait
+        roster = read_json(folder / "roster.json") or {}
+        self.roster: list[str] = list(roster.get("variants") or [variant])
+        if variant not in self.roster:
+            self.roster.append(variant)
+        self.written = float(roster.get("written") or time.time())
+        self._alive: Any = None
+
+    @staticmethod
+    def write_roster(folder: Path, variants: Sequence[str]) -> None:
+        shutil.rmtree(folder, ignore_errors=True)
+        folder.mkdir(parents=True)
+        write_json(folder / "roster.json", {"variants": list(variants), "written": time.time()})
+
+    def join(self) -> None:
+        """Hold this worker's alive lock until it exits, then say hello."""
+        self.folder.mkdir(parents=True, exist_ok=True)
+        self._alive = (self.folder / f"{self.variant}.alive").open("a")
+        fcntl.flock(self._alive, fcntl.LOCK_EX)
+        (self.folder / f"{self.variant}.hello").write_text(str(os.getpid()))
+
+    def order(self, rnd: int) -> list[str]:
+        k = rnd % len(self.roster)
+        return self.roster[k:] + self.roster[:k]
+
+    def _gone(self, variant: str) -> bool:
+        if not (self.folder / f"{variant}.hello").exists():
+            return time.time() > self.written + self.hello_wait
+        with (self.folder / f"{variant}.alive").open("a") as fh:
+            try:
+                fcntl.flock(fh, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except BlockingIOError:
+                return False
+            fcntl.flock(fh, fcntl.LOCK_UN)
+            return True
+
+    def wait_turn(self, rnd: int, poll: float = 0.05) -> None:
+        """Until every earlier turn (rounds before ``rnd``, then the variants before this one
+        in round ``rnd``) is done or its variant gone."""
+        before = [(r, v) for r in range(rnd) for v in self.order(r)]
+        mine = self.order(rnd)
+        before += [(rnd, v) for v in mine[: mine.index(self.variant)]]
+        while True:
+            left = [(r, v) for r, v in before if not (self.folder / f"{r}.{v}.done").exists()]
+            if all(self._gone(v) for v in {v for _, v in left}):
+                return
+            time.sleep(poll)
+
+    def done(self, rnd: int) -> None:
+        (self.folder / f"{rnd}.{self.variant}.done").touch()
 
 
 # --------------------------------------------------------------------------- report (pure)
@@ -704,7 +791,7 @@ def large_rows(
     paths = {(u.spec["model"], u.spec["variant"]): u.spec["path"] for u in planned
              if u.kind == "speed"}  # fmt: skip
     speed, memory = [], []
-    for model in LARGE_MODELS:
+    for model in SPEED_MODELS:
         if (model, "bf16") not in data:
             continue
         ref = data[(model, "bf16")]
@@ -716,9 +803,12 @@ def large_rows(
                               for b in ((d.get("speed") or {}).get("decode") or {})})  # fmt: skip
             for batch in batches:
                 row: dict[str, Any] = {**base, "kind": "decode", "batch": batch}
+                steps: dict[str, list[float]] = {}  # per round: the new_tokens - 1 steps' time
                 for key, d in runs.items():
                     m = ((d.get("speed") or {}).get("decode") or {}).get(str(batch))
                     rate = decode_rate(batch, m["new_tokens"], m["full"], m["one"]) if m else {}
+                    if m and d.get("rounds") and len(m["full"]) == len(m["one"]):
+                        steps[key] = [f - o for f, o in zip(m["full"], m["one"], strict=True)]
                     row[f"{key}_tok_s"] = _round(rate.get("tok_s"), 1)
                     row[f"{key}_ms_per_token"] = _round(rate.get("ms_per_token"), 4)
                     if m:
@@ -728,6 +818,10 @@ def large_rows(
                         )
                 row["nvfp4_over_reference"] = _ratio(row["nvfp4_tok_s"], row["reference_tok_s"])
                 row["nvfp4_over_fp8"] = _ratio(row["nvfp4_tok_s"], row["fp8_tok_s"])
+                for other in ("reference", "fp8"):
+                    row[f"nvfp4_over_{other}_rounds"] = ratio_range(
+                        steps.get("nvfp4"), steps.get(other)
+                    )
                 speed.append(row)
             sizes = sorted({int(t) for d in runs.values()
                             for t in ((d.get("speed") or {}).get("prefill") or {})})  # fmt: skip
@@ -740,6 +834,12 @@ def large_rows(
                     row[f"{key}_ms"] = _round(rate.get("ms"), 3)
                 row["nvfp4_over_reference"] = _ratio(row["nvfp4_tok_s"], row["reference_tok_s"])
                 row["nvfp4_over_fp8"] = _ratio(row["nvfp4_tok_s"], row["fp8_tok_s"])
+                times = {key: ((d.get("speed") or {}).get("prefill") or {}).get(str(tokens), {})
+                         .get("times") for key, d in runs.items() if d.get("rounds")}  # fmt: skip
+                for other in ("reference", "fp8"):
+                    row[f"nvfp4_over_{other}_rounds"] = ratio_range(
+                        times.get("nvfp4"), times.get(other)
+                    )
                 speed.append(row)
             mem = {**base}
             for key, d, name in (("nvfp4", nv, nv_name), ("reference", ref, "bf16"),
@@ -996,15 +1096,23 @@ def render_markdown(report: Mapping[str, Any]) -> str:
     if report.get("memory"):
         out += ["", f"Engine: {(report['memory'][0] or {}).get('source')}."]
     out += ["", "## Speed models: NVFP4 beside bf16 and FP8 (tok/s; one engine per checkpoint)",
+            "", "Rates from the median times; in brackets the lowest and highest ratio of one "
+            "round (the variants of a model timed in turn, once each per round).",
             "", "| format | model | kind | batch / prompt | NVFP4 | bf16 | FP8 | NVFP4 / bf16 "
             "| NVFP4 / FP8 |", "|---|---|---|---|---|---|---|---|---|"]  # fmt: skip
+
+    def with_rounds(r: Mapping[str, Any], other: str) -> str:
+        span = r.get(f"nvfp4_over_{other}_rounds")
+        cell = _fmt(r.get(f"nvfp4_over_{other}"), ".2f")
+        return f"{cell} ({span[0]:.2f}-{span[1]:.2f})" if span else cell
+
     for r in report.get("speed_large") or []:
         label = r.get("batch") if r.get("kind") == "decode" else f"{r.get('prompt_tokens')} tok"
         out.append(
             f"| {r.get('format')} | {r.get('model')} | {r.get('kind')} | {label} | "
             f"{_fmt(r.get('nvfp4_tok_s'), '.0f')} | {_fmt(r.get('reference_tok_s'), '.0f')} | "
-            f"{_fmt(r.get('fp8_tok_s'), '.0f')} | {_fmt(r.get('nvfp4_over_reference'), '.2f')} | "
-            f"{_fmt(r.get('nvfp4_over_fp8'), '.2f')} |"
+            f"{_fmt(r.get('fp8_tok_s'), '.0f')} | {with_rounds(r, 'reference')} | "
+            f"{with_rounds(r, 'fp8')} |"
         )
     out += ["", "Weight memory of the speed models (GiB, engine / file):", "",
             "| format | model | NVFP4 | bf16 | FP8 |", "|---|---|---|---|---|"]  # fmt: skip
@@ -1278,7 +1386,24 @@ class Runner:
             job["pin_env"] = pin_env(worker_env(os.environ), pin, str(self.work / "cache-pin"))
         if unit.kind == "parallel":
             job["tp1"] = self.tp1_results(unit)
+        if unit.kind == "speed":
+            job["rounds"] = str(self.rounds_folder(unit.spec["model"]))
         return job
+
+    def rounds_folder(self, model: str) -> Path:
+        return self.work / "locks" / "rounds" / model
+
+    def write_rosters(self, todo: Sequence[Unit]) -> None:
+        """Each speed model's variants to run now, in plan order: the turns they take."""
+        models: dict[str, list[str]] = {}
+        for unit in todo:
+            if unit.kind == "speed":
+                models.setdefault(unit.spec["model"], []).append(unit.spec["variant"])
+        for model, variants in models.items():
+            Rounds.write_roster(self.rounds_folder(model), variants)
+            if len(variants) > self.args.workers:
+                log(f"speed/{model}: {len(variants)} variants, {self.args.workers} workers: "
+                    "the ones started later are timed after the others, not in alternation")
 
     def tp1_results(self, unit: Unit) -> dict[str, Any]:
         """What a two-GPU unit is compared with, from its one-GPU unit's record: the NVFP4
@@ -1403,6 +1528,7 @@ class Runner:
 
     def run(self, todo: list[Unit]) -> int:
         pending = list(todo)
+        self.write_rosters(todo)
         timeout = self.args.unit_timeout
         last_write = 0.0
         while pending or self.running:
@@ -1507,7 +1633,10 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
         help="the bare pin: its python tree or its wheel "
         f"(default ${ENV_PIN_TREE}, .work/upstream/<tag>/python, the cached wheel)",
     )
-    p.add_argument("--workers", type=int, default=4, help="units running at a time")
+    p.add_argument("--speed-models", default=",".join(LARGE_MODELS),
+                   help=f"the speed models planned, from {','.join(SPEED_MODELS)}")  # fmt: skip
+    p.add_argument("--workers", type=int, default=4, help="units running at a time (a speed "
+                   "model's variants are timed in alternation when all of them fit)")  # fmt: skip
     p.add_argument(
         "--deadline",
         type=float,
@@ -1596,7 +1725,11 @@ def main(argv: list[str] | None = None) -> int:
         if gpus < PARALLEL_GPUS and args.command == "run":
             raise SystemExit(parallel_note)
     with_parallel = args.parallel and (gpus or 0) >= PARALLEL_GPUS
-    planned = plan_units(args.checkpoints, settings, pin_tree, parallel=with_parallel)
+    speed_models = [m for m in args.speed_models.split(",") if m]
+    if set(speed_models) - set(SPEED_MODELS):
+        raise SystemExit(f"--speed-models {args.speed_models!r}: choose from {SPEED_MODELS}")
+    planned = plan_units(args.checkpoints, settings, pin_tree, parallel=with_parallel,
+                         speed_models=speed_models)  # fmt: skip
     try:
         todo = select_units(planned, args.only)
     except ValueError as exc:

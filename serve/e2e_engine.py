@@ -69,10 +69,14 @@ class Record:
 
 
 class Session:
-    """One ``sglang.Engine`` for one checkpoint, started under the gate's ``starting`` lock."""
+    """One ``sglang.Engine`` for one checkpoint, started under the gate's ``starting`` lock
+    (``alone``: exclusively, so that the memory it reports after load is its own)."""
 
-    def __init__(self, job: dict[str, Any], path: str, gate: e2e.Gate) -> None:
+    def __init__(
+        self, job: dict[str, Any], path: str, gate: e2e.Gate, alone: bool = False
+    ) -> None:
         spec = job["spec"]
+        self.alone = alone
         self.kwargs = e2e.engine_kwargs(job["settings"], path, spec["dtype"],
                                         tp_size=spec.get("tp_size", 1),
                                         ep_size=spec.get("ep_size", 1))  # fmt: skip
@@ -82,7 +86,8 @@ class Session:
     def __enter__(self) -> Session:
         self.offset = self.log.stat().st_size if self.log.is_file() else 0
         say(f"Engine({self.kwargs})")
-        with self.gate.starting():  # SGLang's import too: not beside another engine's timing
+        # SGLang's import too: not beside another engine's timing
+        with self.gate.starting(alone=self.alone):
             from sglang.srt.entrypoints.engine import Engine
 
             t = time.perf_counter()
@@ -168,15 +173,40 @@ class Session:
             "prefill": self._prefill(tokens["prefill"], s["speed_repeats"]),
         }
 
-    def speed_large(self, tokens: dict[str, Any], s: dict[str, Any]) -> dict[str, Any]:
-        """Decode at ``large_batches`` and one prefill per ``large_prefill_tokens``."""
-        return {
-            "decode": self._decode(tokens, s, s["large_batches"]),
-            "prefill": {
-                size: self._prefill(prompt, s["speed_repeats"])
-                for size, prompt in tokens["prefill_large"].items()
-            },
-        }
+    def speed_rounds(
+        self, tokens: dict[str, Any], s: dict[str, Any], rounds: e2e.Rounds, save: Any
+    ) -> dict[str, Any]:
+        """Decode at ``large_batches`` and one prefill per ``large_prefill_tokens``, one
+        repeat of each per round (``speed_repeats`` rounds), each round in this variant's turn
+        (``rounds``) on a quiet GPU; the first round warms every row up first."""
+        n = s["speed_new_tokens"]
+        out: dict[str, Any] = {"decode": {}, "prefill": {}}
+        for batch in s["large_batches"]:
+            out["decode"][str(batch)] = {"full": [], "one": [], "new_tokens": n,
+                                         "prompt_tokens": len(tokens["speed"][0])}  # fmt: skip
+        for size, prompt in tokens["prefill_large"].items():
+            out["prefill"][size] = {"tokens": len(prompt), "times": []}
+        for rnd in range(s["speed_repeats"]):
+            rounds.wait_turn(rnd)
+            with self.gate.quiet():
+                self._timed(tokens["speed"][:1], 1)  # wakes an idle scheduler; not timed
+                for batch in s["large_batches"]:
+                    prompts, row = tokens["speed"][:batch], out["decode"][str(batch)]
+                    if rnd == 0:
+                        self._timed(prompts, n)
+                    row["full"].append(self._timed(prompts, n))
+                    row["one"].append(self._timed(prompts, 1))
+                for size, prompt in tokens["prefill_large"].items():
+                    if rnd == 0:
+                        self._timed([prompt], 1)
+                    out["prefill"][size]["times"].append(self._timed([prompt], 1))
+            rounds.done(rnd)
+            save(out)
+            rates = [e2e.decode_rate(int(b), n, r["full"][-1:], r["one"][-1:])["tok_s"] or 0
+                     for b, r in out["decode"].items()]  # fmt: skip
+            say(f"round {rnd + 1}/{s['speed_repeats']}: decode "
+                + ", ".join(f"{r:.0f}" for r in rates) + " tok/s")  # fmt: skip
+        return out
 
 
 def _session_data(
@@ -248,20 +278,28 @@ def _port_free(port: int) -> bool:
 
 
 def run_speed(job: dict[str, Any], rec: Record) -> None:
-    """One speed-model checkpoint (NVFP4, FP8 or bf16) in its own engine: its weight memory,
-    then decode and prefill on a quiet GPU."""
-    gate = e2e.Gate(Path(job["locks"]))
-    if not Path(job["spec"]["path"], "config.json").is_file():
+    """One speed-model checkpoint (NVFP4, FP8 or bf16) in its own engine, started alone: its
+    weight memory, then decode and prefill on a quiet GPU in turn with the model's other
+    variants (e2e.Rounds)."""
+    gate, spec = e2e.Gate(Path(job["locks"])), job["spec"]
+    if not Path(spec["path"], "config.json").is_file():
         raise FileNotFoundError(
-            f"{job['spec']['path']}: no checkpoint (make it with serve/make_checkpoints.py "
-            "--models dense-large,moe-large)"
+            f"{spec['path']}: no checkpoint (make it with serve/make_checkpoints.py "
+            f"--models {spec['model']})"
         )
-    with Session(job, job["spec"]["path"], gate) as sess:
+    rounds = e2e.Rounds(Path(job["rounds"]), spec["variant"])
+    rounds.join()
+    with Session(job, spec["path"], gate, alone=True) as sess:
         rec.data["start_s"] = sess.start_s
         rec.data["memory"] = sess.memory()
+        rec.data["rounds"] = {"roster": rounds.roster, "rounds": job["settings"]["speed_repeats"]}
         rec.save()
-        with gate.quiet():
-            rec.data["speed"] = sess.speed_large(job["tokens"], job["settings"])
+
+        def save(speed: dict[str, Any]) -> None:
+            rec.data["speed"] = speed
+            rec.save()
+
+        sess.speed_rounds(job["tokens"], job["settings"], rounds, save)
         rec.data["marlin_log"] = e2e.marlin_evidence(sess.log_text())
 
 

@@ -18,7 +18,8 @@
 # (serve/e2e.py --parallel: tp 2, and ep 2 for the MoE); refused up front on fewer GPUs.
 # --speed MODELS (e.g. dense-large,moe-large): only those speed models' units (NVFP4 beside bf16
 # and FP8): their checkpoints alone, no trained models, no fused_shards; the report holds those
-# units (the others pending), so give it an --out of its own.
+# units (the others pending), so give it an --out of its own. dense-8b (Llama-3.1-8B's 32
+# layers; its five checkpoints take ~37 GB of disk) runs only when named here.
 # JIT modules prebuilt on a connected machine (scripts/make-bundle.sh --prebuild sm_90 --stages
 # e2e: the bundle's prebuilt/ folder) are loaded instead of compiled when FP4SERIES_PREBUILT_DIR
 # names that folder.
@@ -35,13 +36,15 @@ while [ $# -gt 0 ]; do
     --prepare-only) PREPARE_ONLY=1; shift ;;
     --parallel) PARALLEL=1; shift ;;
     --speed) SPEED="$2"; shift 2 ;;
-    -h|--help) sed -n '2,27p' "$0"; exit 0 ;;
+    -h|--help) sed -n '2,28p' "$0"; exit 0 ;;
     *) echo "error: unknown option $1 (see --help)" >&2; exit 2 ;;
   esac
 done
 if [ -n "$SPEED" ]; then
-  if ! [[ $SPEED =~ ^(dense-large|moe-large)(,(dense-large|moe-large))?$ ]]; then
-    echo "error: --speed '$SPEED': give dense-large, moe-large or both, comma-separated" >&2
+  if ! [[ $SPEED =~ ^(dense-large|moe-large|dense-8b)(,(dense-large|moe-large|dense-8b)){0,2}$ ]]
+  then
+    echo "error: --speed '$SPEED': give dense-large, moe-large, dense-8b or several," \
+      "comma-separated" >&2
     exit 2
   fi
   SPEED=$(echo "$SPEED" | tr , '\n' | sort -u | paste -sd, -)  # one marker per set of models
@@ -145,7 +148,7 @@ fi
 wait_for_checkpoints "$MADE" "the speed models' checkpoints"
 if [ -n "$SPEED" ]; then
   ONLY=$(echo "$SPEED" | sed 's#\([^,]*\)#speed/\1#g')
-  export FP4SERIES_E2E_ARGS="${FP4SERIES_E2E_ARGS:-} --only $ONLY"
+  export FP4SERIES_E2E_ARGS="${FP4SERIES_E2E_ARGS:-} --speed-models $SPEED --only $ONLY"
 fi
 step "stage e2e (resumes what an earlier run finished)"
 scripts/gpu-proof.sh --stages e2e --deadline "$(left)" --out "$OUT_DIR"

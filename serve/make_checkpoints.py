@@ -17,7 +17,8 @@ writes:
 The speed models (``--models dense-large,moe-large``; not in the default list) are not trained:
 ``dense-large`` is a Llama of Llama-3.1-8B width (hidden 4096, intermediate 14336, 32 / 8 heads,
 8 layers), ``moe-large`` a Qwen3-MoE of Qwen3-30B-A3B's expert shape (hidden 2048, 128 experts
-top-8, expert 768, 4 layers). Their weights are random (normal, std 0.02, each projection and
+top-8, expert 768, 4 layers), ``dense-8b`` (asked for alone: ~37 GB on disk) Llama-3.1-8B's
+width and all 32 of its layers, so that a decode step is mostly the weights' read. Their weights are random (normal, std 0.02, each projection and
 each expert's gate / up / down scaled by its own seeded factor in [0.5, 2], so that per-tensor
 scales differ as a real observer's would), drawn on CUDA when present (so a CUDA host and a CPU
 host write different numbers). They share the trained models' tokenizer. Per model:
@@ -64,7 +65,7 @@ from nvfp4 import (  # noqa: E402
 
 ROOT = Path(__file__).resolve().parent.parent
 MODELS = ("dense", "dense-bias", "moe")  # trained; the default --models
-LARGE = ("dense-large", "moe-large")  # random weights, for timing (with FP8 twins)
+LARGE = ("dense-large", "moe-large", "dense-8b")  # random weights, for timing (with FP8 twins)
 QUANTIZED = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
 
 
@@ -163,10 +164,11 @@ def large_config(kind: str, vocab: int, tiny: bool):
         bos_token_id=0,
         eos_token_id=0,
     )
-    if kind == "dense-large":  # Llama-3.1-8B width, 8 layers
+    if kind in ("dense-large", "dense-8b"):  # Llama-3.1-8B width; 8 layers, or its 32
         shape = dict(hidden_size=256, intermediate_size=896, num_hidden_layers=2,
                      num_attention_heads=4, num_key_value_heads=2) if tiny else dict(
-                     hidden_size=4096, intermediate_size=14336, num_hidden_layers=8,
+                     hidden_size=4096, intermediate_size=14336,
+                     num_hidden_layers=8 if kind == "dense-large" else 32,
                      num_attention_heads=32, num_key_value_heads=8)  # fmt: skip
         return LlamaConfig(
             **shape, **common, attention_bias=False, mlp_bias=False, rms_norm_eps=1e-5,

@@ -105,7 +105,8 @@ E2E_DECODE_BATCHES = (1, 8, 32)
 E2E_MIN_PREFILL_TOKENS = 1024
 # Speed models (random weights, big enough that decode reads weights): NVFP4 beside bf16 and
 # FP8 (W8A8) checkpoints of the same model, per format.
-E2E_LARGE_MODELS = ("dense-large", "moe-large")
+E2E_LARGE_MODELS = ("dense-large", "moe-large")  # a full run's
+E2E_SPEED_MODELS = (*E2E_LARGE_MODELS, "dense-8b")  # dense-8b: asked for alone (its disk)
 E2E_LARGE_DECODE_BATCHES = (1, 8, 32, 128)
 E2E_LARGE_PREFILL_TOKENS = (1024, 8192)
 # Two GPUs (serve/e2e.py --parallel): the trained checkpoints of both formats in bf16 served with
@@ -998,15 +999,18 @@ def check_e2e(
 
 
 # serve/gpu-host.sh --speed: the speed models' units alone, rerun after the series' GEMM paths
-# changed; beside the full e2e.json, whose other units it leaves pending
+# changed; beside the full e2e.json, whose other units it leaves pending. Every folder whose
+# name starts so (e2e-speed/, e2e-speed-8b/) holds one such run.
 E2E_SPEED_RERUN = "e2e-speed"
 
 
-def check_e2e_speed_rerun(data: Mapping[str, Any], problems: list[str]) -> None:
-    """e2e-speed/e2e.json: every speed unit of the models it ran done, and those models' rows
+def check_e2e_speed_rerun(
+    data: Mapping[str, Any], problems: list[str], folder: str = E2E_SPEED_RERUN
+) -> None:
+    """e2e-speed*/e2e.json: every speed unit of the models it ran done, and those models' rows
     and weight memory as the full report has them; the units it did not run (the trained
     models', a speed model not asked for) are no failure there."""
-    name = f"{E2E_SPEED_RERUN}/e2e.json"
+    name = f"{folder}/e2e.json"
     _check_meta(name, data, problems)
     if not isinstance(data.get("commands"), list) or not data.get("commands"):
         problems.append(f"{name}: 'commands' must list every command the run made")
@@ -1257,9 +1261,10 @@ def check_report_dir(
     e2e = _load(report_dir / "e2e.json", problems)
     if e2e is not None:
         check_e2e(e2e, problems, pending)
-    speed_rerun = _load(report_dir / E2E_SPEED_RERUN / "e2e.json", problems)
-    if speed_rerun is not None:
-        check_e2e_speed_rerun(speed_rerun, problems)
+    for folder in sorted(report_dir.glob(f"{E2E_SPEED_RERUN}*/")):
+        speed_rerun = _load(folder / "e2e.json", problems)
+        if speed_rerun is not None:
+            check_e2e_speed_rerun(speed_rerun, problems, folder.name)
     if line is None and (report_dir / "kernels").is_dir():
         from fp4series.kernel_reports import check_kernel_rounds
 

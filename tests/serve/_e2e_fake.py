@@ -140,6 +140,20 @@ def rank_env(path: str, rank: int) -> None:
         fh.write(json.dumps({"rank": rank, "env": env}) + "\n")
 
 
+def take_turns(folder: str, variant: str, rounds: int, log: str, leave_after: int) -> None:
+    """A stand-in speed worker (its own process, as the runner's are): joins the roster's
+    rounds, appends ``ROUND VARIANT`` to ``log`` in each of its turns, and ends after
+    ``leave_after`` rounds (a worker whose engine failed)."""
+    turns = e2e.Rounds(Path(folder), variant, hello_wait=1.0)
+    turns.join()
+    for rnd in range(min(rounds, leave_after)):
+        turns.wait_turn(rnd, poll=0.01)
+        with open(log, "a") as fh:
+            fh.write(f"{rnd} {variant}\n")
+        time.sleep(0.02)
+        turns.done(rnd)
+
+
 def record(job: dict[str, Any], status: str, data: dict[str, Any]) -> dict[str, Any]:
     return {"id": job["id"], "kind": job["kind"], "spec": job["spec"], "hash": job["hash"],
             "status": status, "error": None, "data": data, "started": time.time()}  # fmt: skip

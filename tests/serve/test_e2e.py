@@ -158,6 +158,11 @@ def test_plan_and_selection(tmp_path: Path) -> None:
     ]  # fmt: skip
     with pytest.raises(ValueError, match="selects no unit"):
         e2e.select_units(units, "cases")
+    assert not any("dense-8b" in u for u in ids)  # planned only when asked for
+    deep = e2e.plan_units(tmp_path, settings(), "/pin", speed_models=["dense-8b"])
+    assert [u.id for u in deep if u.kind == "speed"] == [
+        f"speed/dense-8b/{v}" for v in e2e.LARGE_VARIANTS
+    ]
 
 
 def test_unit_hash_follows_settings_and_checkpoints(tmp_path: Path) -> None:
@@ -263,6 +268,29 @@ def test_gate_speed_runs_alone() -> None:
     assert events.index("w") > q_off or events.index("w") < q_on
 
 
+def test_speed_variants_take_turns_round_by_round(tmp_path: Path) -> None:
+    """e2e.Rounds: every round times each variant once, in the roster's order rotated by the
+    round, whichever worker gets there first; a worker that ends early (its engine failed) and
+    one that never starts are passed over, so the others still finish."""
+    import multiprocessing
+
+    ctx = multiprocessing.get_context("spawn")
+    folder, log = tmp_path / "rounds", tmp_path / "turns.txt"
+    e2e.Rounds.write_roster(folder, ["a", "b", "c", "never"])
+    leave = {"a": 3, "b": 1, "c": 3}  # b's engine fails after its first round
+    procs = [ctx.Process(target=_e2e_fake.take_turns,
+                         args=(str(folder), v, 3, str(log), leave[v]))
+             for v in ("c", "b", "a")]  # fmt: skip
+    for proc in procs:
+        proc.start()
+    for proc in procs:
+        proc.join(60)
+        assert proc.exitcode == 0
+    turns = log.read_text().split("\n")[:-1]
+    assert turns == ["0 a", "0 b", "0 c", "1 c", "1 a", "2 c", "2 a"]
+    assert e2e.Rounds(folder, "a").order(2) == ["c", "never", "a", "b"]
+
+
 # --------------------------------------------------------------------------- report
 
 
@@ -319,6 +347,35 @@ def test_assembled_report_passes_the_ci_check_and_renders(tmp_path: Path) -> Non
     assert "| modelopt | dense-large | decode | 8 |" in md
     alone["units"]["speed/moe-large/ct-fp8"]["status"] = "failed"
     assert "unit speed/moe-large/ct-fp8 is 'failed', not done" in e2e.render_markdown(alone)
+
+
+def test_speed_rows_give_the_per_round_range_of_variants_timed_in_turn(tmp_path: Path) -> None:
+    """A ratio's per-round range comes from the same round's times of both variants, and only
+    where both were timed in rounds (earlier records timed each variant's repeats together)."""
+    s = settings()
+    units, records = full_records(s, tmp_path)
+    row = next(
+        r
+        for r in assemble(units, records, s)["speed_large"]
+        if (r["format"], r["model"], r["kind"]) == ("modelopt", "dense-large", "decode")
+    )
+    assert row["nvfp4_over_fp8_rounds"] is None and row["nvfp4_over_reference_rounds"] is None
+    for variant in ("modelopt-nvfp4", "modelopt-fp8", "bf16"):
+        data = records[f"speed/dense-large/{variant}"]["data"]
+        data["rounds"] = {"roster": ["bf16", "modelopt-nvfp4", "modelopt-fp8"], "rounds": 3}
+    nv = records["speed/dense-large/modelopt-nvfp4"]["data"]["speed"]
+    nv["decode"]["1"]["full"] = [0.55, 0.45, 0.5]  # rounds 1 and 2 slower and faster
+    nv["prefill"]["1024"]["times"] = [0.01, 0.02, 0.005]
+    rep = assemble(units, records, s)
+    rows = {(r["kind"], r["batch"], r.get("prompt_tokens")): r for r in rep["speed_large"]
+            if (r["format"], r["model"]) == ("modelopt", "dense-large")}  # fmt: skip
+    one = rows[("decode", 1, s["speed_prompt_tokens"])]
+    fp8_steps = 0.7 * (1 + 1 / 64) - 0.05  # the NVFP4 steps: 0.5, 0.4, 0.45
+    assert one["nvfp4_over_fp8_rounds"] == [round(fp8_steps / 0.5, 3), round(fp8_steps / 0.4, 3)]
+    prefill = rows[("prefill", 1, 1024)]
+    assert prefill["nvfp4_over_reference_rounds"] == [0.512, 2.048]  # 1024e-5 / 0.02, / 0.005
+    assert "| modelopt | dense-large | prefill | 1024 tok |" in e2e.render_markdown(rep)
+    assert "(0.51-2.05) |" in e2e.render_markdown(rep)
 
 
 def test_partial_records_give_a_valid_incomplete_report(tmp_path: Path) -> None:
@@ -735,10 +792,12 @@ def test_gpu_host_speed_flow_with_stand_ins(tmp_path: Path) -> None:
         return subprocess.run(["bash", str(repo / "serve" / "gpu-host.sh"), *args], env=env,
                               capture_output=True, text=True, timeout=120)  # fmt: skip
 
+    says_models = "give dense-large, moe-large, dense-8b or several"
     refusals = (
-        (["--speed", "dense-large,moe"], "give dense-large, moe-large or both"),
-        (["--speed", "dense-large,"], "give dense-large, moe-large or both"),
-        (["--speed", "dense-large moe-large"], "give dense-large, moe-large or both"),
+        (["--speed", "dense-large,moe"], says_models),
+        (["--speed", "dense-large,"], says_models),
+        (["--speed", "dense-large moe-large"], says_models),
+        (["--speed", "dense-8b,dense-large,moe-large,dense-8b"], says_models),
         (["--speed", "dense-large", "--parallel"], "--speed and --parallel"),
     )
     for bad, says in refusals:
@@ -754,7 +813,8 @@ def test_gpu_host_speed_flow_with_stand_ins(tmp_path: Path) -> None:
     assert not (work / "checkpoints" / "full" / "made-trained").exists()
     calls = [ln.split("|") for ln in (work / "calls.txt").read_text().splitlines()]
     assert calls == [
-        [" --only speed/dense-large,speed/moe-large", "0 1 1",
+        [" --speed-models dense-large,moe-large --only speed/dense-large,speed/moe-large",
+         "0 1 1",
          "--stages e2e --deadline 100000 --out .work/speed-out"],
     ]  # fmt: skip
 
@@ -893,9 +953,12 @@ def stand_in_engine(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
 
 def worker_job(unit: e2e.Unit, s: dict[str, Any], tmp_path: Path, log: Path) -> dict[str, Any]:
     """The job file the runner would hand e2e_engine for UNIT."""
-    return {"id": unit.id, "kind": unit.kind, "spec": unit.spec, "settings": s, "hash": "h",
-            "locks": str(tmp_path / "locks"), "result": str(tmp_path / "rec.json"),
-            "log": str(log), "tokens": e2e.token_sets(list(range(40000)), s)}  # fmt: skip
+    job = {"id": unit.id, "kind": unit.kind, "spec": unit.spec, "settings": s, "hash": "h",
+           "locks": str(tmp_path / "locks"), "result": str(tmp_path / "rec.json"),
+           "log": str(log), "tokens": e2e.token_sets(list(range(40000)), s)}  # fmt: skip
+    if unit.kind == "speed":
+        job["rounds"] = str(tmp_path / "locks" / "rounds" / unit.spec["model"])
+    return job
 
 
 def test_engines_shut_down_only_while_no_engine_is_timed(
@@ -976,7 +1039,7 @@ def test_worker_speed_unit_against_a_stand_in_engine(
     job_path.write_text(json.dumps(job))
     assert e2e_engine.main([str(job_path)]) != 0  # no checkpoint there: a clear failure
     rec = json.loads((tmp_path / "rec.json").read_text())
-    assert "make_checkpoints.py --models dense-large,moe-large" in rec["error"]
+    assert "make_checkpoints.py --models dense-large)" in rec["error"]
     Path(unit.spec["path"]).mkdir(parents=True)
     (Path(unit.spec["path"]) / "config.json").write_text("{}")
     assert e2e_engine.main([str(job_path)]) == 0
@@ -985,6 +1048,14 @@ def test_worker_speed_unit_against_a_stand_in_engine(
     assert sorted(speed["decode"], key=int) == ["1", "8"]
     assert {k: v["tokens"] for k, v in speed["prefill"].items()} == {"1024": 1024, "2048": 2048}
     assert rec["data"]["memory"]["weight_gib"] in (0.06, 0.12)
+    assert rec["data"]["rounds"] == {"roster": ["modelopt-nvfp4"], "rounds": s["speed_repeats"]}
+    reps = s["speed_repeats"]
+    assert all(len(d["full"]) == len(d["one"]) == reps for d in speed["decode"].values())
+    assert all(len(p["times"]) == reps for p in speed["prefill"].values())
+    assert sorted(p.name for p in Path(job["rounds"]).iterdir()) == sorted(
+        [f"{r}.modelopt-nvfp4.done" for r in range(reps)]
+        + ["modelopt-nvfp4.alive", "modelopt-nvfp4.hello"]
+    )
 
 
 def test_worker_parallel_units_against_a_stand_in_engine(

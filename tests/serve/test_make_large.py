@@ -27,12 +27,13 @@ needs_modelopt = pytest.mark.skipif(
 EXPERTS, HIDDEN, MOE_INTER, LAYERS = 8, 256, 128, 2  # the --tiny shapes
 O_PROJ = "model.layers.0.self_attn.o_proj"
 EXPERTS_PREFIX = "model.layers.0.mlp.experts"
+MADE = ("dense-large", "moe-large")  # dense-8b is dense-large at --tiny size
 
 
 @pytest.fixture(scope="module")
 def out(tmp_path_factory):
     root = tmp_path_factory.mktemp("large")
-    args = ["--out", str(root), "--tiny", "--models", "dense-large,moe-large"]
+    args = ["--out", str(root), "--tiny", "--models", ",".join(MADE)]
     assert mc.main([*args, "--corpus-kb", "700", "--vocab", "512"]) == 0
     return root / "tiny"
 
@@ -45,7 +46,7 @@ def quantized_modules(folder) -> dict[str, tuple[int, int]]:
     }
 
 
-@pytest.mark.parametrize("kind", mc.LARGE)
+@pytest.mark.parametrize("kind", MADE)
 def test_folders_and_record(out, kind):
     folder = out / kind
     record = json.loads((folder / "make.json").read_text())
@@ -77,6 +78,8 @@ def test_full_size_shapes():
     dense = mc.large_config("dense-large", 8192, tiny=False)
     assert (dense.hidden_size, dense.intermediate_size, dense.num_hidden_layers) == (4096, 14336, 8)
     assert (dense.num_attention_heads, dense.num_key_value_heads, dense.head_dim) == (32, 8, 128)
+    deep = mc.large_config("dense-8b", 8192, tiny=False)  # Llama-3.1-8B's layers, all of them
+    assert deep.to_dict() == {**dense.to_dict(), "num_hidden_layers": 32}
     moe = mc.large_config("moe-large", 8192, tiny=False)
     assert (moe.hidden_size, moe.num_experts, moe.num_experts_per_tok) == (2048, 128, 8)
     assert (moe.moe_intermediate_size, moe.num_hidden_layers, moe.head_dim) == (768, 4, 128)
@@ -94,7 +97,7 @@ def test_random_weights_give_per_projection_scales(out):
         assert w1.item() != w3.item(), f"expert {e}: w1 and w3 have the same global scale"
 
 
-@pytest.mark.parametrize("kind", mc.LARGE)
+@pytest.mark.parametrize("kind", MADE)
 def test_ct_fp8_tensors(out, kind):
     from compressed_tensors.quantization import QuantizationConfig, preset_name_to_scheme
 
@@ -121,7 +124,7 @@ def test_ct_fp8_tensors(out, kind):
 
 
 @needs_modelopt
-@pytest.mark.parametrize("kind", mc.LARGE)
+@pytest.mark.parametrize("kind", MADE)
 def test_modelopt_fp8_tensors(out, kind):
     folder = out / kind
     hf = json.loads((folder / "modelopt-fp8" / "hf_quant_config.json").read_text())

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import copy
 import json
+import shutil
 from pathlib import Path
 from typing import Any
 
@@ -536,6 +537,13 @@ def test_e2e_speed_rerun_is_checked_where_present(tmp_path: Path) -> None:
                for p in problems)  # fmt: skip
     assert f"{name}: speed_large modelopt moe-large: no decode row for batch 1" in problems
     assert all(p.startswith(name) for p in problems), problems
+    # every e2e-speed* folder holds such a run (e2e-speed-8b: serve/gpu-host.sh --speed dense-8b)
+    (folder / "e2e.json").write_text(json.dumps(_speed_rerun()))
+    (tmp_path / "e2e-speed-8b").mkdir()
+    (tmp_path / "e2e-speed-8b" / "e2e.json").write_text(json.dumps(bad))
+    deep = report.check_report_dir(tmp_path)
+    assert deep and all(p.startswith("e2e-speed-8b/e2e.json: ") for p in deep), deep
+    shutil.rmtree(tmp_path / "e2e-speed-8b")
     # one model asked for (--speed dense-large): the other's units and rows are not required
     one = _speed_rerun()
     for unit in [u for u in one["units"] if u.startswith("speed/moe-large/")]:
