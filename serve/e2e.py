@@ -485,10 +485,11 @@ def decode_rate(batch: int, new_tokens: int, full: Sequence[float], one: Sequenc
 
 def ratio_range(times: Sequence[float] | None, base: Sequence[float] | None) -> list[float] | None:
     """[min, max] of the per-round speed ratios (``base[r] / times[r]``) of two variants timed
-    in the same rounds (serve/e2e.py's Rounds); None unless both have every round."""
-    if not times or not base or len(times) != len(base) or min(*times, *base) <= 0:
+    in the same rounds (``Rounds``), over the rounds both finished (a run stopped mid-round)."""
+    pairs = list(zip(times or [], base or []))
+    if not pairs or min(min(p) for p in pairs) <= 0:
         return None
-    ratios = [b / t for t, b in zip(times, base, strict=True)]
+    ratios = [b / t for t, b in pairs]
     return [_round(min(ratios), 3), _round(max(ratios), 3)]
 
 
@@ -1023,8 +1024,7 @@ def render_markdown(report: Mapping[str, Any]) -> str:
     """e2e.md: the report's tables and what its check says."""
     problems: list[str] = []
     units = report.get("units") or {}
-    ran = [u for u, rec in units.items() if (rec or {}).get("status")]
-    speed_alone = bool(ran) and all(u.startswith("speed/") for u in ran)
+    speed_alone = bool(report_mod.e2e_speed_models_ran(units))
     if speed_alone:  # serve/gpu-host.sh --speed: checked as reports/h200/e2e-speed/ is
         report_mod.check_e2e_speed_rerun(report, problems)
     else:
@@ -1737,6 +1737,8 @@ def main(argv: list[str] | None = None) -> int:
             f"; the parallel units: {parallel_note}")  # fmt: skip
         raise SystemExit(f"{exc}{hint}") from None
     recorded = os.environ.get("FP4SERIES_REPORT_COMMAND") or shlex.join(["serve/e2e.py", *argv])
+    if os.environ.get("FP4SERIES_REPORT_COMMAND") and os.environ.get(ENV_ARGS):
+        recorded = f"{ENV_ARGS}={shlex.quote(os.environ[ENV_ARGS])} {recorded}"  # as run
     meta = report_mod.run_metadata(recorded, device=device_name())
     runner = Runner(args, settings, planned, meta, [recorded], versions())
     runner.load_records()

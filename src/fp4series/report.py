@@ -929,12 +929,8 @@ def _check_e2e_http(name: str, http: object, problems: list[str], *, marlin: boo
         problems.append(f"{name}: must be the run with --fp4-gemm-backend marlin given")
 
 
-def check_e2e(
-    data: Mapping[str, Any], problems: list[str], pending: list[str] | None = None
-) -> None:
-    """e2e.json: the patched pin serving real NVFP4 checkpoints through its engine (issue 13);
-    ``pending`` gets what the report does not hold yet and is no failure (the two-GPU run)."""
-    name = "e2e.json"
+def _check_e2e_run(name: str, data: Mapping[str, Any], problems: list[str]) -> None:
+    """What every e2e report records of its run: metadata, its commands, the versions."""
     _check_meta(name, data, problems)
     commands = data.get("commands")
     if (
@@ -946,6 +942,25 @@ def check_e2e(
     versions = data.get("versions")
     if not isinstance(versions, Mapping) or not all(versions.get(k) for k in ("sglang", "torch")):
         problems.append(f"{name}: 'versions' must name at least sglang and torch")
+
+
+def e2e_speed_models_ran(units: object) -> list[str]:
+    """The speed models whose units an e2e report ran, when it ran speed units alone
+    (serve/gpu-host.sh --speed); empty when any other unit ran (a full run) or none did."""
+    ran = [str(u) for u, rec in (units.items() if isinstance(units, Mapping) else [])
+           if isinstance(rec, Mapping) and rec.get("status")]  # fmt: skip
+    if not ran or not all(u.startswith("speed/") for u in ran):
+        return []
+    return sorted({u.split("/")[1] for u in ran})
+
+
+def check_e2e(
+    data: Mapping[str, Any], problems: list[str], pending: list[str] | None = None
+) -> None:
+    """e2e.json: the patched pin serving real NVFP4 checkpoints through its engine (issue 13);
+    ``pending`` gets what the report does not hold yet and is no failure (the two-GPU run)."""
+    name = "e2e.json"
+    _check_e2e_run(name, data, problems)
     cases = data.get("cases")
     seen: dict[tuple[Any, ...], int] = {}
     if not isinstance(cases, list) or not cases:
@@ -1011,24 +1026,17 @@ def check_e2e_speed_rerun(
     and weight memory as the full report has them; the units it did not run (the trained
     models', a speed model not asked for) are no failure there."""
     name = f"{folder}/e2e.json"
-    _check_meta(name, data, problems)
-    if not isinstance(data.get("commands"), list) or not data.get("commands"):
-        problems.append(f"{name}: 'commands' must list every command the run made")
-    versions = data.get("versions")
-    if not isinstance(versions, Mapping) or not all(versions.get(k) for k in ("sglang", "torch")):
-        problems.append(f"{name}: 'versions' must name at least sglang and torch")
+    _check_e2e_run(name, data, problems)
     units = data.get("units") if isinstance(data.get("units"), Mapping) else {}
-    speed_units = {str(u): v for u, v in units.items() if str(u).startswith("speed/")}
-
-    def status(rec: object) -> object:
-        return rec.get("status") if isinstance(rec, Mapping) else None
-
-    ran = sorted({u.split("/")[1] for u, rec in speed_units.items() if status(rec)})
+    ran = e2e_speed_models_ran(units)
     if not ran:
-        problems.append(f"{name}: no speed/ unit ran (serve/gpu-host.sh --speed runs them)")
-    for unit, rec in sorted(speed_units.items()):
-        if unit.split("/")[1] in ran and status(rec) != "done":
-            problems.append(f"{name}: unit {unit} is {status(rec)!r}, not done")
+        problems.append(f"{name}: no speed/ unit ran, or other units did too (serve/gpu-host.sh "
+                        "--speed runs the speed units alone)")  # fmt: skip
+    for unit, rec in sorted(units.items()):
+        kind, model = (str(unit).split("/") + [""])[:2]
+        status = rec.get("status") if isinstance(rec, Mapping) else None
+        if kind == "speed" and model in ran and status != "done":
+            problems.append(f"{name}: unit {unit} is {status!r}, not done")
     _check_e2e_large(name, data.get("speed_large"), data.get("memory_large"), problems, ran)
 
 

@@ -376,6 +376,7 @@ def test_speed_rows_give_the_per_round_range_of_variants_timed_in_turn(tmp_path:
     assert prefill["nvfp4_over_reference_rounds"] == [0.512, 2.048]  # 1024e-5 / 0.02, / 0.005
     assert "| modelopt | dense-large | prefill | 1024 tok |" in e2e.render_markdown(rep)
     assert "(0.51-2.05) |" in e2e.render_markdown(rep)
+    assert e2e.ratio_range([1.0, 2.0, 4.0], [2.0, 2.0]) == [1.0, 2.0]  # a run stopped mid-round
 
 
 def test_partial_records_give_a_valid_incomplete_report(tmp_path: Path) -> None:
@@ -503,10 +504,22 @@ def starts_of(path: Path) -> list[str]:
 
 
 def test_full_run_with_a_stand_in_worker_then_resume(
-    ckpt: Path, pin: Path, tmp_path: Path, fake_worker: Path, capsys: pytest.CaptureFixture[str]
+    ckpt: Path,
+    pin: Path,
+    tmp_path: Path,
+    fake_worker: Path,
+    capsys: pytest.CaptureFixture[str],
+    monkeypatch: pytest.MonkeyPatch,
 ) -> None:
+    monkeypatch.setenv("FP4SERIES_REPORT_COMMAND", "scripts/gpu-proof.sh --stages e2e")
+    monkeypatch.setenv(e2e.ENV_ARGS, "--workers 3")  # recorded as it was given
     assert run_main(ckpt, pin, tmp_path, "--only", "negative,case/dense") == 0
     assert len(starts_of(fake_worker)) == 5
+    first = json.loads((tmp_path / "out" / "e2e.json").read_text())
+    assert first["commands"][0] == (
+        "FP4SERIES_E2E_ARGS='--workers 3' scripts/gpu-proof.sh --stages e2e"
+    )
+    monkeypatch.delenv(e2e.ENV_ARGS)
     out = capsys.readouterr().out
     assert "negative: [unit    0.0s] fake worker negative" in out  # the workers' progress
     assert "case/dense/modelopt/bfloat16: done in" in out
