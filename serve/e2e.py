@@ -128,6 +128,10 @@ MARLIN_PATTERNS = (
 DIST_VERSIONS = ("torch", "triton", "transformers", "tokenizers", "sglang-kernel",
                  "flashinfer-python", "apache-tvm-ffi", "openai", "safetensors",
                  "compressed-tensors", "nvidia-modelopt")  # fmt: skip
+# How units measure beyond their settings; raise it when that changes, so that a resumed --work
+# redoes the units instead of keeping records measured the old way (2: speed engines start
+# alone and take turns, Rounds).
+METHOD = 2
 START = time.time()
 
 
@@ -366,10 +370,12 @@ def fingerprint(folder: str | Path) -> str:
 
 
 def unit_hash(unit: Unit, settings: Mapping[str, Any]) -> str:
-    """What a unit's results depend on: the settings and its checkpoints' fingerprints."""
+    """What a unit's results depend on: the settings, the engine keywords they give, how units
+    measure (``METHOD``) and its checkpoints' fingerprints."""
     folders = [unit.spec[k] for k in ("path", "nvfp4", "reference") if unit.spec.get(k)]
-    blob = json.dumps([unit.id, unit.spec, dict(settings), [fingerprint(f) for f in folders]],
-                      sort_keys=True, default=str)  # fmt: skip
+    engine = engine_kwargs(settings, "", unit.spec.get("dtype", ""))
+    blob = json.dumps([unit.id, unit.spec, dict(settings), engine, METHOD,
+                       [fingerprint(f) for f in folders]], sort_keys=True, default=str)  # fmt: skip
     return hashlib.sha256(blob.encode()).hexdigest()[:16]
 
 

@@ -165,12 +165,21 @@ def test_plan_and_selection(tmp_path: Path) -> None:
     ]
 
 
-def test_unit_hash_follows_settings_and_checkpoints(tmp_path: Path) -> None:
+def test_unit_hash_follows_settings_and_checkpoints(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     (tmp_path / "dense" / "bf16").mkdir(parents=True)
     unit = next(u for u in e2e.plan_units(tmp_path, settings(), None) if u.kind == "unquantized")
     first = e2e.unit_hash(unit, settings())
     assert e2e.unit_hash(unit, settings()) == first
     assert e2e.unit_hash(unit, settings("--ppl-windows", "5")) != first
+    monkeypatch.setattr(e2e, "METHOD", e2e.METHOD + 1)  # units measure another way
+    assert e2e.unit_hash(unit, settings()) != first
+    monkeypatch.undo()
+    engine_kwargs = e2e.engine_kwargs
+    monkeypatch.setattr(e2e, "engine_kwargs", lambda *a, **k: {**engine_kwargs(*a, **k), "x": 1})
+    assert e2e.unit_hash(unit, settings()) != first  # an engine keyword the settings do not name
+    monkeypatch.undo()
     (tmp_path / "dense" / "bf16" / "model.safetensors").write_bytes(b"x")  # a remade checkpoint
     assert e2e.unit_hash(unit, settings()) != first
 
