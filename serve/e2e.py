@@ -92,7 +92,7 @@ assert tuple(FORMATS) == report_mod.E2E_FORMATS
 # Speed models (random weights, make_checkpoints.py --models dense-large,moe-large): each
 # checkpoint in its own engine; a speed row puts a format's NVFP4 and FP8 (W8A8, SGLang's
 # native Hopper path) beside the bf16 model. A full run plans LARGE_MODELS; --speed-models
-# plans others too (dense-8b: Llama-3.1-8B's 32 layers, five checkpoints of ~37 GB).
+# plans others too (dense-8b: Llama-3.1-8B's 32 layers, five checkpoints of 34 GiB).
 LARGE_MODELS = report_mod.E2E_LARGE_MODELS
 SPEED_MODELS = report_mod.E2E_SPEED_MODELS
 LARGE_FORMATS = {  # format -> (NVFP4 checkpoint folder, FP8 checkpoint folder)
@@ -492,7 +492,8 @@ def decode_rate(batch: int, new_tokens: int, full: Sequence[float], one: Sequenc
 def ratio_range(times: Sequence[float] | None, base: Sequence[float] | None) -> list[float] | None:
     """[min, max] of the per-round speed ratios (``base[r] / times[r]``) of two variants timed
     in the same rounds (``Rounds``), over the rounds both finished (a run stopped mid-round)."""
-    pairs = list(zip(times or [], base or []))
+    n = min(len(times or []), len(base or []))
+    pairs = list(zip((times or [])[:n], (base or [])[:n], strict=True))
     if not pairs or min(min(p) for p in pairs) <= 0:
         return None
     ratios = [b / t for t, b in pairs]
@@ -589,11 +590,15 @@ class Gate:
 
     @contextlib.contextmanager
     def starting(self, alone: bool = False) -> Iterator[None]:
-        """``alone``: no other engine starts or stops meanwhile (exclusive), so the memory an
-        engine reports after load (free-memory differences) is its own."""
+        """``alone``: no other engine starts, stops or works meanwhile (exclusive, as quiet()),
+        so the memory an engine reports after load (free-memory differences) is its own."""
+        if alone:
+            with self.quiet():
+                yield
+            return
         with self._lock(self.turn, fcntl.LOCK_EX):
             pass
-        with self._lock(self.start, fcntl.LOCK_EX if alone else fcntl.LOCK_SH):
+        with self._lock(self.start, fcntl.LOCK_SH):
             yield
 
     @contextlib.contextmanager
@@ -616,12 +621,13 @@ class Rounds:
     roster's order rotated by ``r``, so that a drift of the host or the GPU over the run falls
     on every variant alike instead of on the ones timed last.
 
-    Files in ``folder`` (``locks/rounds/MODEL``, written afresh by the runner for each run):
-    ``roster.json`` (the variants started together, in order), ``VARIANT.alive`` (locked by
-    its worker for its whole life), ``VARIANT.hello`` (written once that lock is held),
-    ``R.VARIANT.done`` (its turn of round R is over). A variant whose worker has ended (hello
-    written, lock free), or that has not said hello within ``hello_wait`` seconds of the
-    roster, is passed over: a failed engine costs its own rows only.
+    Files in ``folder`` (``locks/rounds/MODEL.K``, written by the runner as it starts the
+    variants together): ``roster.json`` (those variants, in order, and when they started: the
+    rounds' id), ``VARIANT.alive`` (locked by its worker for its whole life), ``VARIANT.hello``
+    (written once that lock is held), ``VARIANT.gone`` (written by the runner when the unit
+    ends), ``R.VARIANT.done`` (its turn of round R is over). A variant whose worker has ended
+    (gone, or hello written and lock free), or that has not said hello within ``hello_wait``
+    seconds of its start, is passed over: a failed engine costs its own rows only.
     """
 
     def __init__(self, folder: Path, variant: str, hello_wait: float = 300.0) -> None:
@@ -639,6 +645,11 @@ class Rounds:
         folder.mkdir(parents=True)
         write_json(folder / "roster.json", {"variants": list(variants), "written": time.time()})
 
+    @staticmethod
+    def mark_gone(folder: Path, variant: str) -> None:
+        if folder.is_dir():
+            (folder / f"{variant}.gone").touch()
+
     def join(self) -> None:
         """Hold this worker's alive lock until it exits, then say hello."""
         self.folder.mkdir(parents=True, exist_ok=True)
@@ -651,6 +662,8 @@ class Rounds:
         return self.roster[k:] + self.roster[:k]
 
     def _gone(self, variant: str) -> bool:
+        if (self.folder / f"{variant}.gone").exists():
+            return True
         if not (self.folder / f"{variant}.hello").exists():
             return time.time() > self.written + self.hello_wait
         with (self.folder / f"{variant}.alive").open("a") as fh:
@@ -785,6 +798,22 @@ def _ratio(a: Any, b: Any) -> float | None:
     return _round(a / b, 3) if a and b else None
 
 
+def round_ranges(
+    runs: Mapping[str, Mapping[str, Any]], times: Mapping[str, Sequence[float] | None]
+) -> dict[str, list[float] | None]:
+    """``nvfp4_over_reference_rounds`` / ``nvfp4_over_fp8_rounds``: the per-round range of a
+    row's ratio, where NVFP4 and the other variant took turns in the same rounds (the same
+    rounds id; records of earlier runs, or of another part of a resumed run, have none or
+    another)."""
+    ids = {key: (d.get("rounds") or {}).get("id") for key, d in runs.items()}
+    return {
+        f"nvfp4_over_{other}_rounds": ratio_range(times.get("nvfp4"), times.get(other))
+        if ids["nvfp4"] is not None and ids["nvfp4"] == ids.get(other)
+        else None
+        for other in ("reference", "fp8")
+    }
+
+
 def large_rows(
     records: Mapping[str, Mapping[str, Any]], planned: Sequence[Unit]
 ) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
@@ -814,8 +843,8 @@ def large_rows(
                 for key, d in runs.items():
                     m = ((d.get("speed") or {}).get("decode") or {}).get(str(batch))
                     rate = decode_rate(batch, m["new_tokens"], m["full"], m["one"]) if m else {}
-                    if m and d.get("rounds") and len(m["full"]) == len(m["one"]):
-                        steps[key] = [f - o for f, o in zip(m["full"], m["one"], strict=True)]
+                    if m:
+                        steps[key] = [f - o for f, o in zip(m["full"], m["one"], strict=False)]
                     row[f"{key}_tok_s"] = _round(rate.get("tok_s"), 1)
                     row[f"{key}_ms_per_token"] = _round(rate.get("ms_per_token"), 4)
                     if m:
@@ -825,10 +854,7 @@ def large_rows(
                         )
                 row["nvfp4_over_reference"] = _ratio(row["nvfp4_tok_s"], row["reference_tok_s"])
                 row["nvfp4_over_fp8"] = _ratio(row["nvfp4_tok_s"], row["fp8_tok_s"])
-                for other in ("reference", "fp8"):
-                    row[f"nvfp4_over_{other}_rounds"] = ratio_range(
-                        steps.get("nvfp4"), steps.get(other)
-                    )
+                row.update(round_ranges(runs, steps))
                 speed.append(row)
             sizes = sorted({int(t) for d in runs.values()
                             for t in ((d.get("speed") or {}).get("prefill") or {})})  # fmt: skip
@@ -842,11 +868,8 @@ def large_rows(
                 row["nvfp4_over_reference"] = _ratio(row["nvfp4_tok_s"], row["reference_tok_s"])
                 row["nvfp4_over_fp8"] = _ratio(row["nvfp4_tok_s"], row["fp8_tok_s"])
                 times = {key: ((d.get("speed") or {}).get("prefill") or {}).get(str(tokens), {})
-                         .get("times") for key, d in runs.items() if d.get("rounds")}  # fmt: skip
-                for other in ("reference", "fp8"):
-                    row[f"nvfp4_over_{other}_rounds"] = ratio_range(
-                        times.get("nvfp4"), times.get(other)
-                    )
+                         .get("times") for key, d in runs.items()}  # fmt: skip
+                row.update(round_ranges(runs, times))
                 speed.append(row)
             mem = {**base}
             for key, d, name in (("nvfp4", nv, nv_name), ("reference", ref, "bf16"),
@@ -1031,8 +1054,8 @@ def render_markdown(report: Mapping[str, Any]) -> str:
     problems: list[str] = []
     units = report.get("units") or {}
     speed_alone = bool(report_mod.e2e_speed_models_ran(units))
-    if speed_alone:  # serve/gpu-host.sh --speed: checked as reports/h200/e2e-speed/ is
-        report_mod.check_e2e_speed_rerun(report, problems)
+    if speed_alone:  # serve/gpu-host.sh --speed: checked as reports/h200/e2e-speed*/ are
+        report_mod.check_e2e_speed_rerun(report, problems, f"{report_mod.E2E_SPEED_RERUN}*")
     else:
         report_mod.check_e2e(report, problems)
     rev = report.get("series_revision") or {}
@@ -1351,6 +1374,8 @@ class Runner:
         self.stop_reason: str | None = None
         self.deadline = deadline_from(args)
         self.tokens: dict[str, Any] | None = None
+        self.rounds: dict[str, Path] = {}  # speed unit -> the turns it takes (Rounds)
+        self.groups: dict[str, int] = {}  # speed model -> groups started
 
     # records ----------------------------------------------------------------------------
     def record_path(self, unit: Unit) -> Path:
@@ -1392,24 +1417,30 @@ class Runner:
             job["pin_env"] = pin_env(worker_env(os.environ), pin, str(self.work / "cache-pin"))
         if unit.kind == "parallel":
             job["tp1"] = self.tp1_results(unit)
-        if unit.kind == "speed":
-            job["rounds"] = str(self.rounds_folder(unit.spec["model"]))
+        if unit.id in self.rounds:
+            job["rounds"] = str(self.rounds[unit.id])
         return job
 
-    def rounds_folder(self, model: str) -> Path:
-        return self.work / "locks" / "rounds" / model
-
-    def write_rosters(self, todo: Sequence[Unit]) -> None:
-        """Each speed model's variants to run now, in plan order: the turns they take."""
-        models: dict[str, list[str]] = {}
-        for unit in todo:
-            if unit.kind == "speed":
-                models.setdefault(unit.spec["model"], []).append(unit.spec["variant"])
-        for model, variants in models.items():
-            Rounds.write_roster(self.rounds_folder(model), variants)
-            if len(variants) > self.args.workers:
-                log(f"speed/{model}: {len(variants)} variants, {self.args.workers} workers: "
-                    "the ones started later are timed after the others, not in alternation")
+    def speed_group(self, unit: Unit, pending: Sequence[Unit]) -> list[Unit] | None:
+        """The speed units of ``unit``'s model still pending, to start together (they take
+        turns); None while fewer workers are free than they need. A model with more variants
+        than ``--workers`` starts in parts, each part taking turns within itself."""
+        group = [u for u in pending
+                 if u.kind == "speed" and u.spec["model"] == unit.spec["model"]]  # fmt: skip
+        free = self.args.workers - len(self.running)
+        if len(group) > free:
+            if len(group) <= self.args.workers:
+                return None
+            log(f"speed/{unit.spec['model']}: {len(group)} variants, {self.args.workers} "
+                "workers: timed in parts, each part in alternation")  # fmt: skip
+            group = group[:free]
+        model = unit.spec["model"]
+        folder = self.work / "locks" / "rounds" / f"{model}.{self.groups.get(model, 0)}"
+        self.groups[model] = self.groups.get(model, 0) + 1
+        Rounds.write_roster(folder, [u.spec["variant"] for u in group])
+        for u in group:
+            self.rounds[u.id] = folder
+        return group
 
     def tp1_results(self, unit: Unit) -> dict[str, Any]:
         """What a two-GPU unit is compared with, from its one-GPU unit's record: the NVFP4
@@ -1515,6 +1546,8 @@ class Runner:
         rec["seconds"] = round(time.time() - run.started, 1)
         self.records[run.unit.id] = rec
         write_json(run.result, rec)
+        if run.unit.id in self.rounds:  # its peers no longer wait for its turns
+            Rounds.mark_gone(self.rounds[run.unit.id], run.unit.spec["variant"])
         pids = read_json(run.result.with_suffix(".pids")) or {}
         for pgid in pids.get("groups", []):  # servers a killed worker left behind
             kill_group(int(pgid), grace=2)
@@ -1534,7 +1567,6 @@ class Runner:
 
     def run(self, todo: list[Unit]) -> int:
         pending = list(todo)
-        self.write_rosters(todo)
         timeout = self.args.unit_timeout
         last_write = 0.0
         while pending or self.running:
@@ -1549,6 +1581,14 @@ class Runner:
                 unit = next((u for u in pending if self.blocked(u, pending) != "wait"), None)
                 if unit is None:  # every one left waits for a one-GPU unit still running
                     break
+                if unit.kind == "speed":
+                    group = self.speed_group(unit, pending)
+                    if group is None:  # a model's variants start together
+                        break
+                    for member in group:
+                        pending.remove(member)
+                        self.launch(member)
+                    continue
                 pending.remove(unit)
                 why = self.blocked(unit, pending)
                 if why:

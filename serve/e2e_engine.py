@@ -72,9 +72,7 @@ class Session:
     """One ``sglang.Engine`` for one checkpoint, started under the gate's ``starting`` lock
     (``alone``: exclusively, so that the memory it reports after load is its own)."""
 
-    def __init__(
-        self, job: dict[str, Any], path: str, gate: e2e.Gate, alone: bool = False
-    ) -> None:
+    def __init__(self, job: dict[str, Any], path: str, gate: e2e.Gate, alone: bool = False) -> None:
         spec = job["spec"]
         self.alone = alone
         self.kwargs = e2e.engine_kwargs(job["settings"], path, spec["dtype"],
@@ -186,9 +184,11 @@ class Session:
                                          "prompt_tokens": len(tokens["speed"][0])}  # fmt: skip
         for size, prompt in tokens["prefill_large"].items():
             out["prefill"][size] = {"tokens": len(prompt), "times": []}
+        out["turns"] = []  # wall-clock start and end of each turn (epoch seconds)
         for rnd in range(s["speed_repeats"]):
             rounds.wait_turn(rnd)
             with self.gate.quiet():
+                began = time.time()
                 self._timed(tokens["speed"][:1], 1)  # wakes an idle scheduler; not timed
                 for batch in s["large_batches"]:
                     prompts, row = tokens["speed"][:batch], out["decode"][str(batch)]
@@ -200,6 +200,7 @@ class Session:
                     if rnd == 0:
                         self._timed([prompt], 1)
                     out["prefill"][size]["times"].append(self._timed([prompt], 1))
+                out["turns"].append([round(began, 3), round(time.time(), 3)])
             rounds.done(rnd)
             save(out)
             rates = [e2e.decode_rate(int(b), n, r["full"][-1:], r["one"][-1:])["tok_s"] or 0
@@ -282,17 +283,18 @@ def run_speed(job: dict[str, Any], rec: Record) -> None:
     weight memory, then decode and prefill on a quiet GPU in turn with the model's other
     variants (e2e.Rounds)."""
     gate, spec = e2e.Gate(Path(job["locks"])), job["spec"]
+    rounds = e2e.Rounds(Path(job["rounds"]), spec["variant"])
+    rounds.join()  # first: a unit that fails below is gone for its peers at once
     if not Path(spec["path"], "config.json").is_file():
         raise FileNotFoundError(
             f"{spec['path']}: no checkpoint (make it with serve/make_checkpoints.py "
             f"--models {spec['model']})"
         )
-    rounds = e2e.Rounds(Path(job["rounds"]), spec["variant"])
-    rounds.join()
     with Session(job, spec["path"], gate, alone=True) as sess:
         rec.data["start_s"] = sess.start_s
         rec.data["memory"] = sess.memory()
-        rec.data["rounds"] = {"roster": rounds.roster, "rounds": job["settings"]["speed_repeats"]}
+        rec.data["rounds"] = {"roster": rounds.roster, "id": rounds.written,
+                              "rounds": job["settings"]["speed_repeats"]}  # fmt: skip
         rec.save()
 
         def save(speed: dict[str, Any]) -> None:

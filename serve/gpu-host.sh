@@ -19,7 +19,7 @@
 # --speed MODELS (e.g. dense-large,moe-large): only those speed models' units (NVFP4 beside bf16
 # and FP8): their checkpoints alone, no trained models, no fused_shards; the report holds those
 # units (the others pending), so give it an --out of its own. dense-8b (Llama-3.1-8B's 32
-# layers; its five checkpoints take ~37 GB of disk) runs only when named here.
+# layers; its five checkpoints take 34 GiB of disk) runs only when named here.
 # JIT modules prebuilt on a connected machine (scripts/make-bundle.sh --prebuild sm_90 --stages
 # e2e: the bundle's prebuilt/ folder) are loaded instead of compiled when FP4SERIES_PREBUILT_DIR
 # names that folder.

@@ -17,11 +17,12 @@ writes:
 The speed models (``--models dense-large,moe-large``; not in the default list) are not trained:
 ``dense-large`` is a Llama of Llama-3.1-8B width (hidden 4096, intermediate 14336, 32 / 8 heads,
 8 layers), ``moe-large`` a Qwen3-MoE of Qwen3-30B-A3B's expert shape (hidden 2048, 128 experts
-top-8, expert 768, 4 layers), ``dense-8b`` (asked for alone: ~37 GB on disk) Llama-3.1-8B's
-width and all 32 of its layers, so that a decode step is mostly the weights' read. Their weights are random (normal, std 0.02, each projection and
-each expert's gate / up / down scaled by its own seeded factor in [0.5, 2], so that per-tensor
-scales differ as a real observer's would), drawn on CUDA when present (so a CUDA host and a CPU
-host write different numbers). They share the trained models' tokenizer. Per model:
+top-8, expert 768, 4 layers), ``dense-8b`` (asked for alone: 34 GiB on disk) Llama-3.1-8B's
+width and all 32 of its layers, so that a decode step is mostly the weights' read. Their weights
+are random (normal, std 0.02, each projection and each expert's gate / up / down scaled by its
+own seeded factor in [0.5, 2], so that per-tensor scales differ as a real observer's would),
+drawn on CUDA when present (so a CUDA host and a CPU host write different numbers). They share
+the trained models' tokenizer. Per model:
 
   OUT/MODEL/bf16/, ct-nvfp4/, modelopt-nvfp4/   as above (same producers, same code)
   OUT/MODEL/ct-fp8/              compressed-tensors float-quantized, FP8_DYNAMIC scheme (W8A8:

@@ -140,16 +140,20 @@ def rank_env(path: str, rank: int) -> None:
         fh.write(json.dumps({"rank": rank, "env": env}) + "\n")
 
 
-def take_turns(folder: str, variant: str, rounds: int, log: str, leave_after: int) -> None:
+def take_turns(
+    folder: str, variant: str, rounds: int, log: str, leave_after: int, killed: bool = False
+) -> None:
     """A stand-in speed worker (its own process, as the runner's are): joins the roster's
     rounds, appends ``ROUND VARIANT`` to ``log`` in each of its turns, and ends after
-    ``leave_after`` rounds (a worker whose engine failed)."""
+    ``leave_after`` rounds (a worker whose engine failed); ``killed``: dies inside its turn."""
     turns = e2e.Rounds(Path(folder), variant, hello_wait=1.0)
     turns.join()
     for rnd in range(min(rounds, leave_after)):
         turns.wait_turn(rnd, poll=0.01)
         with open(log, "a") as fh:
             fh.write(f"{rnd} {variant}\n")
+        if killed:
+            os._exit(9)  # no done(), no cleanup: as SIGKILL leaves it
         time.sleep(0.02)
         turns.done(rnd)
 

@@ -159,6 +159,8 @@ def test_plan_and_selection(tmp_path: Path) -> None:
     with pytest.raises(ValueError, match="selects no unit"):
         e2e.select_units(units, "cases")
     assert not any("dense-8b" in u for u in ids)  # planned only when asked for
+    with pytest.raises(SystemExit, match="--speed-models 'dense-9b'"):
+        e2e.main(["plan", "--checkpoints", str(tmp_path), "--speed-models", "dense-9b"])
     deep = e2e.plan_units(tmp_path, settings(), "/pin", speed_models=["dense-8b"])
     assert [u.id for u in deep if u.kind == "speed"] == [
         f"speed/dense-8b/{v}" for v in e2e.LARGE_VARIANTS
@@ -233,6 +235,31 @@ def test_workers_get_nvlink_multicast_off_whatever_the_host_says() -> None:
     assert all(pinned[k] == v for k, v in e2e.NO_MULTICAST_ENV.items())
 
 
+def test_gate_alone_start_excludes_starts_and_work(tmp_path: Path) -> None:
+    """Gate.starting(alone=True): no other engine starts or works while it holds (the memory
+    the engine reports after its load is its own)."""
+    gate, events = e2e.Gate(tmp_path), []
+
+    def alone() -> None:
+        with gate.starting(alone=True):
+            events.append("a+")
+            time.sleep(0.3)
+            events.append("a-")
+
+    def other(kind: str) -> None:
+        time.sleep(0.05)
+        with gate.starting() if kind == "s" else gate.working():
+            events.append(kind)
+
+    threads = [threading.Thread(target=alone), threading.Thread(target=other, args=("s",)),
+               threading.Thread(target=other, args=("w",))]  # fmt: skip
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(10)
+    assert events[:2] == ["a+", "a-"] and sorted(events[2:]) == ["s", "w"]
+
+
 def test_gate_speed_runs_alone() -> None:
     import tempfile
 
@@ -285,19 +312,20 @@ def test_speed_variants_take_turns_round_by_round(tmp_path: Path) -> None:
 
     ctx = multiprocessing.get_context("spawn")
     folder, log = tmp_path / "rounds", tmp_path / "turns.txt"
-    e2e.Rounds.write_roster(folder, ["a", "b", "c", "never"])
-    leave = {"a": 3, "b": 1, "c": 3}  # b's engine fails after its first round
+    e2e.Rounds.write_roster(folder, ["a", "b", "c", "never", "killed", "failed"])
+    e2e.Rounds.mark_gone(folder, "failed")  # the runner's word: its unit ended before its turn
+    leave = {"a": 3, "b": 1, "c": 3, "killed": 1}  # b's engine fails after its first round
     procs = [ctx.Process(target=_e2e_fake.take_turns,
-                         args=(str(folder), v, 3, str(log), leave[v]))
-             for v in ("c", "b", "a")]  # fmt: skip
+                         args=(str(folder), v, 3, str(log), leave[v], v == "killed"))
+             for v in ("c", "b", "a", "killed")]  # fmt: skip
     for proc in procs:
         proc.start()
     for proc in procs:
         proc.join(60)
-        assert proc.exitcode == 0
+    assert [p.exitcode for p in procs] == [0, 0, 0, 9]
     turns = log.read_text().split("\n")[:-1]
-    assert turns == ["0 a", "0 b", "0 c", "1 c", "1 a", "2 c", "2 a"]
-    assert e2e.Rounds(folder, "a").order(2) == ["c", "never", "a", "b"]
+    assert turns == ["0 a", "0 b", "0 c", "0 killed", "1 c", "1 a", "2 c", "2 a"]
+    assert e2e.Rounds(folder, "a").order(2) == ["c", "never", "killed", "failed", "a", "b"]
 
 
 # --------------------------------------------------------------------------- report
@@ -371,7 +399,8 @@ def test_speed_rows_give_the_per_round_range_of_variants_timed_in_turn(tmp_path:
     assert row["nvfp4_over_fp8_rounds"] is None and row["nvfp4_over_reference_rounds"] is None
     for variant in ("modelopt-nvfp4", "modelopt-fp8", "bf16"):
         data = records[f"speed/dense-large/{variant}"]["data"]
-        data["rounds"] = {"roster": ["bf16", "modelopt-nvfp4", "modelopt-fp8"], "rounds": 3}
+        data["rounds"] = {"roster": ["bf16", "modelopt-nvfp4", "modelopt-fp8"], "rounds": 3,
+                          "id": 1.5}  # fmt: skip
     nv = records["speed/dense-large/modelopt-nvfp4"]["data"]["speed"]
     nv["decode"]["1"]["full"] = [0.55, 0.45, 0.5]  # rounds 1 and 2 slower and faster
     nv["prefill"]["1024"]["times"] = [0.01, 0.02, 0.005]
@@ -386,6 +415,13 @@ def test_speed_rows_give_the_per_round_range_of_variants_timed_in_turn(tmp_path:
     assert "| modelopt | dense-large | prefill | 1024 tok |" in e2e.render_markdown(rep)
     assert "(0.51-2.05) |" in e2e.render_markdown(rep)
     assert e2e.ratio_range([1.0, 2.0, 4.0], [2.0, 2.0]) == [1.0, 2.0]  # a run stopped mid-round
+    assert e2e.ratio_range([1.0, 0.0], [2.0, 2.0]) is None  # a step that took no time: no ratio
+    # a resumed run redid the FP8 unit: its rounds are not the NVFP4 unit's
+    records["speed/dense-large/modelopt-fp8"]["data"]["rounds"]["id"] = 2.5
+    again = next(r for r in assemble(units, records, s)["speed_large"]
+                 if (r["format"], r["model"], r["kind"], r["batch"])
+                 == ("modelopt", "dense-large", "decode", 1))  # fmt: skip
+    assert again["nvfp4_over_fp8_rounds"] is None and again["nvfp4_over_reference_rounds"]
 
 
 def test_partial_records_give_a_valid_incomplete_report(tmp_path: Path) -> None:
@@ -548,6 +584,31 @@ def test_full_run_with_a_stand_in_worker_then_resume(
         "unquantized/moe/bfloat16",
         "unquantized/moe/float16",
     ]  # other settings: redone
+
+
+def test_a_speed_models_variants_start_together_and_take_turns(
+    ckpt: Path, pin: Path, tmp_path: Path, fake_worker: Path
+) -> None:
+    """The runner starts a model's speed units together, once as many workers are free, each
+    group with a roster of its own; a unit that ends is marked gone for its peers. With fewer
+    workers than variants, the model is timed in parts (each part taking turns)."""
+    assert run_main(ckpt, pin, tmp_path, "--only", "speed", "--workers", "5") == 0
+    started = starts_of(fake_worker)
+    assert [u.split("/")[1] for u in started] == ["dense-large"] * 5 + ["moe-large"] * 5
+    rounds = tmp_path / "work" / "locks" / "rounds"
+    assert sorted(p.name for p in rounds.iterdir()) == ["dense-large.0", "moe-large.0"]
+    roster = json.loads((rounds / "dense-large.0" / "roster.json").read_text())
+    assert roster["variants"] == list(e2e.LARGE_VARIANTS)
+    assert sorted(p.name for p in (rounds / "moe-large.0").glob("*.gone")) == sorted(
+        f"{v}.gone" for v in e2e.LARGE_VARIANTS
+    )
+    assert run_main(ckpt, pin, tmp_path, "--only", "speed/dense-large", "--workers", "3",
+                    "--speed-repeats", "3") == 0  # fmt: skip
+    assert sorted(p.name for p in rounds.iterdir()) == [
+        "dense-large.0", "dense-large.1", "moe-large.0"]  # fmt: skip
+    assert json.loads((rounds / "dense-large.0" / "roster.json").read_text())["variants"] == list(
+        e2e.LARGE_VARIANTS[:3]
+    )
 
 
 def test_a_crashing_worker_costs_one_unit(
@@ -1070,10 +1131,12 @@ def test_worker_speed_unit_against_a_stand_in_engine(
     assert sorted(speed["decode"], key=int) == ["1", "8"]
     assert {k: v["tokens"] for k, v in speed["prefill"].items()} == {"1024": 1024, "2048": 2048}
     assert rec["data"]["memory"]["weight_gib"] in (0.06, 0.12)
-    assert rec["data"]["rounds"] == {"roster": ["modelopt-nvfp4"], "rounds": s["speed_repeats"]}
     reps = s["speed_repeats"]
+    assert rec["data"]["rounds"]["roster"] == ["modelopt-nvfp4"]
+    assert rec["data"]["rounds"]["rounds"] == reps and rec["data"]["rounds"]["id"] > 0
     assert all(len(d["full"]) == len(d["one"]) == reps for d in speed["decode"].values())
     assert all(len(p["times"]) == reps for p in speed["prefill"].values())
+    assert len(speed["turns"]) == reps and all(a <= b for a, b in speed["turns"])
     assert sorted(p.name for p in Path(job["rounds"]).iterdir()) == sorted(
         [f"{r}.modelopt-nvfp4.done" for r in range(reps)]
         + ["modelopt-nvfp4.alive", "modelopt-nvfp4.hello"]
