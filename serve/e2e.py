@@ -1424,12 +1424,13 @@ class Runner:
     def speed_group(self, unit: Unit, pending: Sequence[Unit]) -> list[Unit] | None:
         """The speed units of ``unit``'s model still pending, to start together (they take
         turns); None while fewer workers are free than they need. A model with more variants
-        than ``--workers`` starts in parts, each part taking turns within itself."""
+        than ``--workers`` starts in parts of ``--workers`` (all of them free), each part taking
+        turns within itself."""
         group = [u for u in pending
                  if u.kind == "speed" and u.spec["model"] == unit.spec["model"]]  # fmt: skip
         free = self.args.workers - len(self.running)
         if len(group) > free:
-            if len(group) <= self.args.workers:
+            if len(group) <= self.args.workers or free < self.args.workers:
                 return None
             log(f"speed/{unit.spec['model']}: {len(group)} variants, {self.args.workers} "
                 "workers: timed in parts, each part in alternation")  # fmt: skip
@@ -1681,8 +1682,9 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     )
     p.add_argument("--speed-models", default=",".join(LARGE_MODELS),
                    help=f"the speed models planned, from {','.join(SPEED_MODELS)}")  # fmt: skip
-    p.add_argument("--workers", type=int, default=4, help="units running at a time (a speed "
-                   "model's variants are timed in alternation when all of them fit)")  # fmt: skip
+    p.add_argument("--workers", type=int, default=len(LARGE_VARIANTS),
+                   help="units running at a time (a speed model's variants take turns when all "
+                   "of them fit)")  # fmt: skip
     p.add_argument(
         "--deadline",
         type=float,
