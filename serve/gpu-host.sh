@@ -98,7 +98,8 @@ CKPT=.work/checkpoints/full
 MADE=$CKPT/made-large  # the speed models' marker (--speed: of those asked for)
 if [ -n "$SPEED" ]; then
   MADE="$CKPT/made-speed-${SPEED//,/+}"
-  [ -f "$CKPT/made-large" ] && MADE="$CKPT/made-large"  # a full run made both already
+  # a full run made dense-large and moe-large already (not dense-8b)
+  [[ $SPEED != *dense-8b* && -f $CKPT/made-large ]] && MADE="$CKPT/made-large"
 fi
 if [ ! -f "$MADE" ] && ! pgrep -f serve/make_checkpoints.py >/dev/null; then
   step "checkpoints (background; log .work/logs/checkpoints.log)"

@@ -900,6 +900,14 @@ def test_gpu_host_speed_flow_with_stand_ins(tmp_path: Path) -> None:
          "0 1 1",
          "--stages e2e --deadline 100000 --out .work/speed-out"],
     ]  # fmt: skip
+    # a full run's marker serves dense-large and moe-large, not dense-8b: that one is made
+    (work / "checkpoints" / "full" / "made-large").touch()
+    proc = host("--speed", "dense-8b,dense-large", "--out", ".work/speed-out")
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert (work / "makes.txt").read_text().split("\n")[1:-1] == [
+        "serve/make_checkpoints.py --models dense-8b,dense-large"
+    ]
+    assert (work / "checkpoints" / "full" / "made-speed-dense-8b+dense-large").is_file()
 
 
 def test_a_failed_one_gpu_unit_fails_its_parallel_units_without_a_worker(
